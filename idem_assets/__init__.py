@@ -1,0 +1,65 @@
+"""idem_assets: Dagster IO managers and checks that make partitioned pipelines safe to rerun."""
+
+from idem_assets.lib.audit import AuditReport, Batch, audit_table, audited_asset, stage
+from idem_assets.lib.checks import (
+    Check,
+    between,
+    freshness,
+    in_window,
+    not_null,
+    row_count,
+    unique,
+)
+from idem_assets.lib.duckdb_publish import PublishResult, publish, table_fingerprint
+from idem_assets.lib.errors import (
+    BlockingCheckError,
+    ConfigurationError,
+    DuplicateKeyError,
+    EmptyBatchError,
+    IdempotencyError,
+    InvalidIdentifierError,
+    KeyOutsideWindowError,
+    NullValueError,
+    RuntimeValueError,
+    SchemaMismatchError,
+    StrayRowsError,
+)
+from idem_assets.lib.io_managers import DuckDBMergeIOManager, DuckDBOverwriteIOManager
+from idem_assets.lib.settings import WriteSettings, resolve_settings
+from idem_assets.lib.windows import PartitionWindow, WriteWindow, window_from_keys
+
+__all__ = [
+    "AuditReport",
+    "Batch",
+    "BlockingCheckError",
+    "Check",
+    "ConfigurationError",
+    "DuckDBMergeIOManager",
+    "DuckDBOverwriteIOManager",
+    "DuplicateKeyError",
+    "EmptyBatchError",
+    "IdempotencyError",
+    "InvalidIdentifierError",
+    "KeyOutsideWindowError",
+    "NullValueError",
+    "PartitionWindow",
+    "PublishResult",
+    "RuntimeValueError",
+    "SchemaMismatchError",
+    "StrayRowsError",
+    "WriteSettings",
+    "WriteWindow",
+    "audit_table",
+    "audited_asset",
+    "between",
+    "freshness",
+    "in_window",
+    "not_null",
+    "publish",
+    "resolve_settings",
+    "row_count",
+    "stage",
+    "table_fingerprint",
+    "unique",
+    "window_from_keys",
+]

@@ -1,0 +1,315 @@
+"""Write-audit-publish: check the staged batch, and hand only a passing batch to the IO manager.
+
+An IO manager cannot report asset-check results, so the audit runs in the asset's own step: the
+batch is frozen as an Arrow table (the staged copy), every check is evaluated on it in one scan,
+the results are reported to Dagster, and a failing blocking check raises before any output
+exists. Nothing reaches the IO manager, readers keep the last good data, and downstream steps
+are skipped. The Arrow table that was checked is the one that is published.
+"""
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+import dagster as dg
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from idem_assets.lib import sql
+from idem_assets.lib.checks import (
+    Check,
+    Verdict,
+    aggregate_sql,
+    in_window,
+    judge,
+)
+from idem_assets.lib.duckdb_publish import column_types, to_arrow
+from idem_assets.lib.errors import BlockingCheckError, ConfigurationError
+from idem_assets.lib.identifiers import quote
+from idem_assets.lib.settings import DEDUPE_ORDER_BY, PARTITION_EXPR, PRIMARY_KEY, _raw
+from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for, window_from_keys
+
+_STAGED = "staged"
+_WINDOWS = "windows"
+_OUTSIDE = "__outside_window__"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """An asset's output plus what the audit should expect of it.
+
+    Return this instead of a bare table when the expected row count is only known while the asset
+    runs (e.g. from a landing file's manifest); it overrides ``row_count``'s ``expected``.
+    """
+
+    data: pa.Table | pd.DataFrame
+    expected_rows: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """Verdicts for every check, plus the staged table they were computed on."""
+
+    table: pa.Table
+    verdicts: list[Verdict]
+
+    @property
+    def blocking_failures(self) -> list[Verdict]:
+        """Failed verdicts of blocking checks."""
+        return [v for v in self.verdicts if not v.passed and v.check.blocking]
+
+
+def _sample_rows(
+    con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()
+) -> list[dict[str, Any]]:
+    cur = con.execute(query, list(params))
+    cols = [d[0] for d in cur.description or []]
+    return [
+        {
+            c: (v if isinstance(v, int | float | str | bool) or v is None else str(v))
+            for c, v in zip(cols, r, strict=True)
+        }
+        for r in cur.fetchall()
+    ]
+
+
+def stage(
+    data: pa.Table | pd.DataFrame,
+    asset: str,
+    primary_key: Sequence[str] = (),
+    dedupe_order_by: Sequence[str] = (),
+) -> pa.Table:
+    """Freeze the batch as Arrow, keeping the latest row per key when ``dedupe_order_by`` is set."""
+    table = to_arrow(data, asset)
+    if not (primary_key and dedupe_order_by):
+        return table
+    con = duckdb.connect()
+    try:
+        con.register(_STAGED, table)
+        return con.execute(
+            sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
+        ).fetch_arrow_table()
+    finally:
+        con.close()
+
+
+def audit_table(
+    table: pa.Table,
+    checks: Sequence[Check],
+    partition_expr: str | None,
+    window: WriteWindow | None,
+    expected_rows: Mapping[str, int] | None = None,
+) -> AuditReport:
+    """Evaluate ``checks`` on ``table`` in one grouped scan; per partition when there is a window."""
+    if expected_rows is not None:
+        checks = [
+            dataclasses.replace(c, expected=expected_rows) if c.kind == "row_count" else c
+            for c in checks
+        ]
+    con = duckdb.connect()
+    try:
+        con.register(_STAGED, table)
+        aggs = aggregate_sql(checks)
+        if window is not None and partition_expr:
+            ptype = column_types(con, _STAGED)[partition_expr]
+            wt = pa.table(
+                {
+                    "key": [w.key for w in window.partitions],
+                    "w_start": [bound_for(w.start, ptype) for w in window.partitions],
+                    "w_end": [bound_for(w.end, ptype) for w in window.partitions],
+                }
+            )
+            con.register(_WINDOWS, wt)
+            p = f"b.{quote(partition_expr)}"
+            query = (
+                f"SELECT coalesce(w.key, '{_OUTSIDE}'), grouping(w.key), {', '.join(aggs)}"
+                f" FROM {_STAGED} b LEFT JOIN {_WINDOWS} w ON {p} >= w.w_start AND {p} < w.w_end"
+                " GROUP BY GROUPING SETS ((w.key), ())"
+            )
+            windows = list(window.partitions)
+        else:
+            query = f"SELECT 'all', 1, {', '.join(aggs)} FROM {_STAGED}"
+            windows = [PartitionWindow("all", *_unbounded())]
+            if any(c.kind == "freshness" for c in checks):
+                raise ConfigurationError(
+                    "freshness() is measured against the end of a partition window, and this"
+                    " asset is unpartitioned. Use it on a time-partitioned asset."
+                )
+        grouped: dict[str, tuple[Any, ...]] = {}
+        total: tuple[Any, ...] = ()
+        for row in con.execute(query).fetchall():
+            key, is_total, *values = row
+            if is_total:
+                total = tuple(values)
+            if not is_total or window is None:
+                grouped[key] = tuple(values)
+        outside = grouped.get(_OUTSIDE, (0,))[0]
+        verdicts = []
+        for i, check in enumerate(checks, start=1):
+            per = {k: (v[0], v[i]) for k, v in grouped.items() if k != _OUTSIDE}
+            verdict = judge(check, windows, per, outside)
+            if check.kind in ("not_null", "between", "unique") and total:
+                failing = int(total[i] or 0)
+                verdict = Verdict(
+                    check,
+                    failing == 0,
+                    failing,
+                    f"{failing} failing row(s)",
+                    verdict.per_partition,
+                    [],
+                )
+            if not verdict.passed:
+                verdict = Verdict(
+                    check,
+                    False,
+                    verdict.failing,
+                    verdict.detail,
+                    verdict.per_partition,
+                    _failing_sample(con, check, partition_expr, window),
+                )
+            verdicts.append(verdict)
+        return AuditReport(table, verdicts)
+    finally:
+        con.close()
+
+
+def _unbounded() -> tuple[Any, Any]:
+    from datetime import datetime
+
+    return datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)
+
+
+def _failing_sample(
+    con: duckdb.DuckDBPyConnection,
+    check: Check,
+    partition_expr: str | None,
+    window: WriteWindow | None,
+) -> list[dict[str, Any]]:
+    pred = check.failing_predicate()
+    if pred is not None:
+        return _sample_rows(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
+    if check.kind == "unique":
+        return _sample_rows(con, sql.duplicate_key_sample(_STAGED, check.columns))
+    if check.kind == "in_window" and partition_expr and window is not None:
+        ptype = column_types(con, _STAGED)[partition_expr]
+        spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
+        q, p = sql.stray_rows_sample(_STAGED, partition_expr, spans)
+        return _sample_rows(con, q, p)
+    return []
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no rows)"
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def check_results(report: AuditReport, asset_key: dg.AssetKey) -> list[dg.AssetCheckResult]:
+    """One ``AssetCheckResult`` per check, with failing count, per-partition detail and a sample."""
+    results = []
+    for v in report.verdicts:
+        metadata: dict[str, Any] = {
+            "failing": v.failing,
+            "detail": v.detail,
+            "per_partition": dg.MetadataValue.json(v.per_partition),
+        }
+        if v.sample:
+            metadata["failing_sample"] = dg.MetadataValue.md(_markdown(v.sample))
+        results.append(
+            dg.AssetCheckResult(
+                asset_key=asset_key,
+                check_name=v.check.name,
+                passed=v.passed,
+                severity=v.check.severity,
+                description=v.check.description,
+                metadata=metadata,
+            )
+        )
+    return results
+
+
+def run_audit(
+    context: dg.AssetExecutionContext,
+    output: pa.Table | pd.DataFrame | Batch,
+    checks: Sequence[Check],
+    metadata: Mapping[str, Any],
+) -> Iterator[dg.AssetCheckResult | dg.Output]:
+    """Stage ``output``, yield every check result, then the output, or raise if a blocking check failed."""
+    asset_key = context.asset_key
+    asset = asset_key.to_user_string()
+    batch = output if isinstance(output, Batch) else Batch(output)
+    key = tuple(_raw(metadata.get(PRIMARY_KEY)) or ())
+    order = tuple(_raw(metadata.get(DEDUPE_ORDER_BY)) or ())
+    key = (key,) if isinstance(key, str) else key
+    table = stage(batch.data, asset, key, (order,) if isinstance(order, str) else order)
+    partition_expr = _raw(metadata.get(PARTITION_EXPR))
+    window = None
+    if context.has_partition_key_range or context.has_partition_key:
+        assert context.assets_def.partitions_def is not None
+        window = window_from_keys(context.assets_def.partitions_def, context.partition_keys, asset)
+    report = audit_table(table, checks, partition_expr, window, batch.expected_rows)
+    yield from check_results(report, asset_key)
+    failures = report.blocking_failures
+    if failures:
+        lines = [f"  - {v.check.name}: {v.detail}" for v in failures]
+        where = window.describe() if window else "(unpartitioned)"
+        raise BlockingCheckError(
+            f"Asset '{asset}', partition {where}: {len(failures)} blocking check(s) failed on the"
+            " staged batch, so it was not published and readers keep the last good data:\n"
+            + "\n".join(lines)
+            + "\nSee each check's failing_sample in the UI. Fix the input (or the check), then"
+            " rerun this partition."
+        )
+    yield dg.Output(table)
+
+
+def audited_asset(
+    *, checks: Sequence[Check] = (), **asset_kwargs: Any
+) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+    """Like ``@dg.asset``, but the returned batch is audited by ``checks`` before it is published.
+
+    The function returns a DataFrame, an Arrow table or a :class:`Batch`. A partitioned asset also
+    gets the ``in_window`` check on its ``partition_expr`` column. Each check becomes a blocking
+    (or, with ``blocking=False``, a WARN) ``AssetCheckSpec``.
+    """
+
+    def decorator(fn: Callable[..., Any]) -> dg.AssetsDefinition:
+        name = asset_kwargs.get("name") or fn.__name__
+        prefix = asset_kwargs.get("key_prefix") or []
+        prefix = [prefix] if isinstance(prefix, str) else list(prefix)
+        asset_key = dg.AssetKey.from_coercible(asset_kwargs.get("key") or [*prefix, name])
+        metadata = dict(asset_kwargs.get("metadata") or {})
+        partition_expr = metadata.get(PARTITION_EXPR)
+        all_checks = list(checks)
+        if partition_expr and asset_kwargs.get("partitions_def") is not None:
+            all_checks.append(in_window(partition_expr))
+        names = [c.name for c in all_checks]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(
+                f"Asset '{asset_key.to_user_string()}' declares two checks with the same name"
+                f" ({names}); pass name=... to one of them."
+            )
+
+        @functools.wraps(fn)
+        def compute(context: dg.AssetExecutionContext, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            yield from run_audit(context, fn(context, *args, **kwargs), all_checks, metadata)
+
+        # The wrapper yields Output(pa.Table); the function's own return annotation (often
+        # Batch) must not become the output's Dagster type.
+        compute.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k != "return"}
+        compute.__signature__ = inspect.signature(fn).replace(  # type: ignore[attr-defined]
+            return_annotation=inspect.Signature.empty
+        )
+        return dg.asset(check_specs=[c.spec(asset_key) for c in all_checks], **asset_kwargs)(
+            compute
+        )
+
+    return decorator

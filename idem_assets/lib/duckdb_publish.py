@@ -1,0 +1,418 @@
+"""Publish one batch into a DuckDB table: guards first, then one transaction.
+
+This module holds the DuckDB plumbing; the statements come from :mod:`idem_assets.lib.sql` and the
+window logic from :mod:`idem_assets.lib.windows`. It needs no Dagster context, so benchmarks and
+crash tests drive it directly.
+"""
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from idem_assets.lib import sql
+from idem_assets.lib.errors import (
+    DuplicateKeyError,
+    EmptyBatchError,
+    KeyOutsideWindowError,
+    NullValueError,
+    RuntimeValueError,
+    SchemaMismatchError,
+    StrayRowsError,
+    format_sample,
+)
+from idem_assets.lib.identifiers import qualified, quote
+from idem_assets.lib.settings import WriteSettings
+from idem_assets.lib.windows import WriteWindow, bound_for
+
+STAGED = "idem_staged_batch"
+DEDUPED = "idem_deduped_batch"
+
+#: A timestamp column whose every value lies this close to the wall clock, in a window that ended
+#: before then, was stamped at load time: a rerun would write different values.
+RUNTIME_STAMP_TOLERANCE = timedelta(hours=1)
+
+_INTEGERS = ["TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"]
+_UNSIGNED = ["UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"]
+_TIMESTAMPS = {"TIMESTAMP", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS"}
+_TZ_TIMESTAMPS = {"TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ"}
+_RANDOM_UUID = re.compile(
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-[14][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$", re.IGNORECASE
+)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What one publish changed, for the materialization's metadata."""
+
+    rows: int
+    inserted: int
+    updated: int
+    deleted: int
+    partitions: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+    table: str = ""
+
+
+def to_arrow(obj: object, asset: str) -> pa.Table:
+    """Accept a pyarrow Table or a pandas DataFrame; refuse anything else."""
+    if isinstance(obj, pa.Table):
+        return obj
+    if isinstance(obj, pa.RecordBatch):
+        return pa.Table.from_batches([obj])
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(obj, pd.DataFrame):
+        return pa.Table.from_pandas(obj, preserve_index=False)
+    raise TypeError(
+        f"Asset '{asset}' returned {type(obj).__name__}; the idempotent IO managers store a"
+        " pandas DataFrame or a pyarrow Table. Return one of those (an empty one with the right"
+        " columns if the partition really has no rows, together with metadata={'allow_empty': True})."
+    )
+
+
+def _compatible(batch_type: str, table_type: str) -> bool:
+    if batch_type == table_type or batch_type == '"NULL"' or batch_type == "NULL":
+        return True
+    for family in (_INTEGERS, _UNSIGNED):
+        if batch_type in family and table_type in family:
+            return family.index(batch_type) <= family.index(table_type)
+    if batch_type in _TIMESTAMPS and table_type in _TIMESTAMPS:
+        return True
+    return batch_type == "FLOAT" and table_type == "DOUBLE"
+
+
+def _is_timestamp(t: str) -> bool:
+    return t in _TIMESTAMPS or t in _TZ_TIMESTAMPS
+
+
+def column_types(conn: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+    """Column name to DuckDB type of a table, view or registered Arrow table."""
+    return {row[0]: row[1] for row in conn.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
+
+
+def _table_columns(
+    conn: duckdb.DuckDBPyConnection, schema: str, table: str
+) -> dict[str, str] | None:
+    rows = conn.execute(
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+        [schema, table],
+    ).fetchall()
+    return {r[0]: r[1] for r in rows} if rows else None
+
+
+def _sample(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> str:
+    cur = conn.execute(query, list(params))
+    cols = [d[0] for d in cur.description or []]
+    return format_sample(cols, cur.fetchall())
+
+
+def _where(settings: WriteSettings, window: WriteWindow | None) -> str:
+    where = f"asset '{settings.asset}'"
+    return f"{where}, partition {window.describe()}" if window else where
+
+
+def check_schema(
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    batch_cols: dict[str, str],
+    table_cols: dict[str, str] | None,
+) -> None:
+    """Refuse a batch whose partition column is not a date/time, or that does not fit the table."""
+    where = _where(settings, window)
+    needed = [settings.partition_expr] if settings.partition_expr else []
+    needed += list(settings.primary_key) + list(settings.dedupe_order_by)
+    absent = [c for c in dict.fromkeys(needed) if c not in batch_cols]
+    if absent:
+        raise SchemaMismatchError(
+            f"Refused to write {where}: the batch has no column(s) {absent}, which the asset's"
+            f" metadata names (partition_expr/primary_key/dedupe_order_by). Batch columns:"
+            f" {list(batch_cols)}. Fix: add the column(s) to the batch, or correct the metadata."
+        )
+    if settings.partition_expr:
+        ptype = batch_cols[settings.partition_expr]
+        if ptype != "DATE" and not _is_timestamp(ptype):
+            raise SchemaMismatchError(
+                f"Refused to write {where}: partition column '{settings.partition_expr}' is"
+                f" {ptype}, not DATE or TIMESTAMP, so window bounds would compare as text. Fix:"
+                f" convert it, e.g. df['{settings.partition_expr}'] ="
+                f" pd.to_datetime(df['{settings.partition_expr}'])."
+            )
+    if table_cols is None:
+        return
+    missing = [c for c in table_cols if c not in batch_cols]
+    extra = [c for c in batch_cols if c not in table_cols]
+    changed = [
+        f"{c}: table {table_cols[c]}, batch {batch_cols[c]}"
+        for c in batch_cols
+        if c in table_cols and not _compatible(batch_cols[c], table_cols[c])
+    ]
+    if missing or extra or changed:
+        target = f"{settings.schema}.{settings.table}"
+        problems = []
+        if missing:
+            problems.append(f"missing columns {missing}")
+        if extra:
+            problems.append(f"extra columns {extra}")
+        if changed:
+            problems.append("incompatible types [" + "; ".join(changed) + "]")
+        tz_hint = (
+            " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
+            " make both naive (tz_localize(None)) or both aware."
+            if any("TIME ZONE" in c for c in changed)
+            else ""
+        )
+        raise SchemaMismatchError(
+            f"Refused to write {where}: the batch does not match table {target}: "
+            + ", ".join(problems)
+            + ". Nothing was changed. Fix: make the batch produce the table's columns and types;"
+            f" or, for an intended schema change, migrate the table first (ALTER TABLE {target}"
+            " ADD COLUMN ... / ALTER COLUMN ... TYPE ...) and rerun." + tz_hint
+        )
+
+
+def _check_runtime_values(
+    conn: duckdb.DuckDBPyConnection,
+    source: str,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    batch_cols: dict[str, str],
+    now: datetime,
+) -> None:
+    allowed = set(settings.allow_runtime_columns)
+    where = _where(settings, window)
+    fix = (
+        " A rerun would write different values, so the partition would never be the same twice."
+        " Fix: derive the value from the input (e.g. the source's updated_at, or uuid5 of the"
+        " row's natural key), or keep run facts in Dagster's run metadata; if the column really"
+        " must hold a run-time value, declare it: metadata={'allow_runtime_columns': "
+    )
+    stamps = [c for c, t in batch_cols.items() if _is_timestamp(t) and c not in allowed]
+    window_ended = window is None or window.end.astimezone(UTC) <= now - RUNTIME_STAMP_TOLERANCE
+    if stamps and window_ended:
+        aggs = ", ".join(f"min({quote(c)}), max({quote(c)})" for c in stamps)
+        row = conn.execute(f"SELECT {aggs} FROM {source}").fetchone() or ()
+        for i, col in enumerate(stamps):
+            lo, hi = row[2 * i], row[2 * i + 1]
+            if lo is None:
+                continue
+            lo_utc = lo if lo.tzinfo else lo.replace(tzinfo=UTC)
+            hi_utc = hi if hi.tzinfo else hi.replace(tzinfo=UTC)
+            if lo_utc >= now - RUNTIME_STAMP_TOLERANCE and hi_utc <= now + timedelta(minutes=5):
+                raise RuntimeValueError(
+                    f"Refused to write {where}: every value of '{col}' ({lo} to {hi}) is the time"
+                    f" of this run ({now:%Y-%m-%d %H:%M} UTC), not a fact of the data."
+                    + fix
+                    + f"['{col}']}}."
+                )
+    texts = [c for c, t in batch_cols.items() if t in ("VARCHAR", "UUID") and c not in allowed]
+    if texts:
+        cols = ", ".join(f"CAST({quote(c)} AS VARCHAR)" for c in texts)
+        sample = conn.execute(f"SELECT {cols} FROM {source} LIMIT 100").fetchall()
+        for i, col in enumerate(texts):
+            values = [r[i] for r in sample if r[i] is not None]
+            if len(values) >= 2 and all(_RANDOM_UUID.match(v) for v in values):
+                raise RuntimeValueError(
+                    f"Refused to write {where}: column '{col}' holds random or time-based uuids"
+                    f" (version 1 or 4, e.g. {values[0]!r}), which are new on every run."
+                    + fix
+                    + f"['{col}']}}."
+                )
+
+
+def publish(
+    conn: duckdb.DuckDBPyConnection,
+    batch: pa.Table,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    *,
+    now: datetime | None = None,
+) -> PublishResult:
+    """Check ``batch`` against every guard, then replace the window with it in one transaction.
+
+    Raises one of the :class:`~idem_assets.lib.errors.IdempotencyError` subclasses, with the
+    transaction rolled back, when the write would not be safe to rerun.
+    """
+    now = now or datetime.now(UTC)
+    target = qualified(settings.schema, settings.table)
+    where = _where(settings, window)
+    conn.register(STAGED, batch)
+    try:
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            result = _publish_in_transaction(conn, batch, settings, window, target, where, now)
+            conn.execute("COMMIT")
+            return result
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.execute(f"DROP TABLE IF EXISTS temp.{DEDUPED}")
+        conn.unregister(STAGED)
+
+
+def _publish_in_transaction(
+    conn: duckdb.DuckDBPyConnection,
+    batch: pa.Table,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    target: str,
+    where: str,
+    now: datetime,
+) -> PublishResult:
+    batch_cols = column_types(conn, STAGED)
+    table_cols = _table_columns(conn, settings.schema, settings.table)
+    check_schema(settings, window, batch_cols, table_cols)
+
+    pcol = settings.partition_expr if window else None
+    spans: list[tuple[Any, Any]] = []
+    if pcol and window:
+        ptype = (table_cols or batch_cols)[pcol]
+        spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
+    key = list(settings.primary_key)
+
+    source = STAGED
+    q, p = sql.batch_profile(source, pcol, spans, key)
+    rows, null_partition, outside, null_key, duplicates = conn.execute(q, p).fetchone() or (0,) * 5
+    if duplicates and settings.dedupe_order_by:
+        conn.execute(
+            f"CREATE TEMP TABLE {DEDUPED} AS "
+            + sql.dedupe(STAGED, key, settings.dedupe_order_by, list(batch_cols))
+        )
+        source = DEDUPED
+        rows, duplicates = rows - duplicates, 0
+
+    if null_partition:
+        raise NullValueError(
+            f"Refused to write {where}: {null_partition} of {rows} rows have NULL in partition"
+            f" column '{pcol}', so they belong to no partition. Nothing was changed. Fix: drop or"
+            f" date those rows before returning the batch. Sample:\n"
+            + _sample(conn, sql.null_sample(source, [str(pcol)]))
+        )
+    if outside and pcol:
+        q, p = sql.stray_rows_sample(source, pcol, spans)
+        raise StrayRowsError(
+            f"Refused to write {where}: {outside} of {rows} rows have '{pcol}' outside the window"
+            f" [{window.start if window else ''}, {window.end if window else ''}). Writing them"
+            " would put rows into another partition (or, for a partition overwrite, wipe it)."
+            " Nothing was changed. Fix: filter the batch to the run's window"
+            " (context.partition_time_window), or route those rows to their own partition's"
+            " run. Sample:\n" + _sample(conn, q, p)
+        )
+    if null_key:
+        raise NullValueError(
+            f"Refused to write {where}: {null_key} rows have NULL in key column(s) {key}, so they"
+            " can never be matched by a rerun. Nothing was changed. Fix: fill or drop them."
+            " Sample:\n" + _sample(conn, sql.null_sample(source, key))
+        )
+    if duplicates:
+        raise DuplicateKeyError(
+            f"Refused to write {where}: the batch holds {duplicates} extra row(s) for keys that"
+            f" appear more than once in {key}; a merge would keep an arbitrary one or insert"
+            " both. Nothing was changed. Fix: deduplicate the batch, or name the column(s) that"
+            " pick the winner (the latest wins): metadata={'primary_key': "
+            f"{key!r}, 'dedupe_order_by': ['updated_at']}}. Sample:\n"
+            + _sample(conn, sql.duplicate_key_sample(source, key))
+        )
+    _check_runtime_values(conn, source, settings, window, batch_cols, now)
+
+    existing = 0
+    if table_cols is not None:
+        q, p = sql.count_window(target, pcol, spans)
+        existing = (conn.execute(q, p).fetchone() or (0,))[0]
+    if rows == 0 and existing and not settings.allow_empty:
+        raise EmptyBatchError(
+            f"Refused to write {where}: the batch is empty but the window holds {existing} rows;"
+            " publishing it would silently erase them. Nothing was changed. Fix: find out why"
+            " the input is empty; if the partition really is empty now, declare it:"
+            " metadata={'allow_empty': True}."
+        )
+
+    matched = 0
+    if settings.mode == "merge" and table_cols is not None:
+        q, p = sql.merge_counts(target, source, key, pcol, spans)
+        matched, outside_keys = conn.execute(q, p).fetchone() or (0, 0)
+        if outside_keys and pcol:
+            q, p = sql.keys_outside_window_sample(target, source, key, pcol, spans)
+            raise KeyOutsideWindowError(
+                f"Refused to write {where}: {outside_keys} key(s) of the batch already exist in"
+                " other partitions; merging would move those rows out of partitions this run"
+                " does not own. Nothing was changed. Fix: rerun the partition that holds them"
+                " first so they leave it, or correct the key. Existing rows:\n"
+                + _sample(conn, q, p)
+            )
+
+    if table_cols is None:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(settings.schema)}")
+        conn.execute(_create_statement(target, source, batch_cols))
+    if settings.mode == "merge" and not settings.delete_missing:
+        conn.execute(sql.delete_matching_keys(target, source, key))
+        deleted = 0
+        updated = matched
+    else:
+        if pcol:
+            q, p = sql.delete_window(target, pcol, spans)
+            conn.execute(q, p)
+        else:
+            conn.execute(sql.delete_all(target))
+        if settings.mode == "merge":
+            updated, deleted = matched, existing - matched
+        else:
+            updated, deleted = 0, existing
+    conn.execute(
+        sql.insert_by_name(target, source, pcol if window and len(window.partitions) > 1 else None)
+    )
+    inserted = rows - updated
+
+    q, p = sql.fingerprint(target, list(table_cols or batch_cols), pcol, spans)
+    count, digest = conn.execute(q, p).fetchone() or (0, 0)
+    return PublishResult(
+        rows=count,
+        inserted=inserted,
+        updated=updated,
+        deleted=deleted,
+        partitions=window.keys if window else [],
+        fingerprint=f"{count}:{int(digest) % (1 << 128):032x}",
+        table=f"{settings.schema}.{settings.table}",
+    )
+
+
+def _create_statement(target: str, source: str, batch_cols: dict[str, str]) -> str:
+    # pandas hands DuckDB nanosecond timestamps; store microseconds, DuckDB's native precision,
+    # so later Arrow batches and SQL literals compare without casts.
+    recast = [
+        f"CAST({quote(c)} AS TIMESTAMP) AS {quote(c)}"
+        for c, t in batch_cols.items()
+        if t in _TIMESTAMPS and t != "TIMESTAMP"
+    ]
+    replace = f" REPLACE ({', '.join(recast)})" if recast else ""
+    return f"CREATE TABLE {target} AS SELECT *{replace} FROM {source} LIMIT 0"
+
+
+def table_fingerprint(
+    conn: duckdb.DuckDBPyConnection,
+    schema: str,
+    table: str,
+    partition_column: str | None = None,
+    window: WriteWindow | None = None,
+) -> str | None:
+    """Fingerprint a table (or one window of it); ``None`` when the table does not exist."""
+    cols = _table_columns(conn, schema, table)
+    if cols is None:
+        return None
+    spans: list[tuple[Any, Any]] = []
+    if partition_column and window:
+        spans = [
+            (bound_for(s, cols[partition_column]), bound_for(e, cols[partition_column]))
+            for s, e in window.spans()
+        ]
+    q, p = sql.fingerprint(qualified(schema, table), list(cols), partition_column, spans)
+    count, digest = conn.execute(q, p).fetchone() or (0, 0)
+    return f"{count}:{int(digest) % (1 << 128):032x}"

@@ -1,0 +1,132 @@
+"""Per-asset write settings, read from asset metadata.
+
+Settings live next to the asset (``metadata={"partition_expr": ..., "primary_key": [...]}``) so a
+reader sees how an asset is written without opening the IO manager. Every error names the asset,
+the key and the exact ``metadata={...}`` that fixes it.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import dagster as dg
+
+from idem_assets.lib.errors import ConfigurationError
+from idem_assets.lib.identifiers import validate_identifier
+
+WriteMode = Literal["overwrite", "merge"]
+
+#: Metadata keys this library reads; anything else in an asset's metadata is left alone.
+PARTITION_EXPR = "partition_expr"
+PRIMARY_KEY = "primary_key"
+DEDUPE_ORDER_BY = "dedupe_order_by"
+DELETE_MISSING = "delete_missing"
+ALLOW_EMPTY = "allow_empty"
+ALLOW_RUNTIME_COLUMNS = "allow_runtime_columns"
+SCHEMA = "schema"
+
+
+@dataclass(frozen=True)
+class WriteSettings:
+    """How one asset's batch is written, resolved from its metadata and the IO manager config."""
+
+    asset: str
+    mode: WriteMode
+    schema: str
+    table: str
+    partition_expr: str | None
+    primary_key: tuple[str, ...]
+    dedupe_order_by: tuple[str, ...]
+    delete_missing: bool
+    allow_empty: bool
+    allow_runtime_columns: tuple[str, ...]
+
+
+def _raw(value: Any) -> Any:
+    # Dagster may hand definition metadata back wrapped in MetadataValue objects.
+    return value.value if isinstance(value, dg.MetadataValue) else value
+
+
+def _column_list(
+    metadata: Mapping[str, Any], key: str, asset: str, example: str
+) -> tuple[str, ...]:
+    value = _raw(metadata.get(key))
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Sequence) or not value:
+        raise ConfigurationError(
+            f"Asset '{asset}': metadata '{key}' must be a non-empty list of column names, got"
+            f" {value!r}. Fix: metadata={{'{key}': {example}}}."
+        )
+    return tuple(
+        validate_identifier(c, f"Asset '{asset}': column in metadata '{key}'") for c in value
+    )
+
+
+def _flag(metadata: Mapping[str, Any], key: str, default: bool, asset: str) -> bool:
+    value = _raw(metadata.get(key, default))
+    if not isinstance(value, bool):
+        raise ConfigurationError(
+            f"Asset '{asset}': metadata '{key}' must be True or False, got {value!r}."
+            f" Fix: metadata={{'{key}': {default}}}."
+        )
+    return value
+
+
+def resolve_settings(
+    *,
+    asset_key: dg.AssetKey,
+    metadata: Mapping[str, Any] | None,
+    mode: WriteMode,
+    default_schema: str,
+    partitioned: bool,
+) -> WriteSettings:
+    """Validate an asset's metadata for ``mode`` and return its settings."""
+    md = dict(metadata or {})
+    asset = asset_key.to_user_string()
+    table = validate_identifier(asset_key.path[-1], f"Asset '{asset}': table name")
+    schema = validate_identifier(_raw(md.get(SCHEMA)) or default_schema, f"Asset '{asset}': schema")
+
+    partition_expr = _raw(md.get(PARTITION_EXPR))
+    if partitioned and partition_expr is None:
+        raise ConfigurationError(
+            f"Asset '{asset}' is partitioned but has no '{PARTITION_EXPR}' metadata, so a write"
+            " could not be scoped to its partition and would replace the whole table. Fix: name"
+            " the DATE or TIMESTAMP column that dates each row, e.g."
+            f" metadata={{'{PARTITION_EXPR}': 'pickup_at'}}."
+        )
+    if partition_expr is not None:
+        partition_expr = validate_identifier(
+            partition_expr,
+            f"Asset '{asset}': metadata '{PARTITION_EXPR}' (a column name, not an expression)",
+        )
+
+    primary_key = _column_list(md, PRIMARY_KEY, asset, "['trip_id']")
+    if mode == "merge" and not primary_key:
+        raise ConfigurationError(
+            f"Asset '{asset}' is written by the merge IO manager but has no '{PRIMARY_KEY}'"
+            " metadata, so rows cannot be matched. Fix: metadata={'primary_key': ['trip_id']}"
+            " (the column(s) that identify a row)."
+        )
+    dedupe_order_by = _column_list(md, DEDUPE_ORDER_BY, asset, "['updated_at']")
+    if dedupe_order_by and not primary_key:
+        raise ConfigurationError(
+            f"Asset '{asset}': '{DEDUPE_ORDER_BY}' picks a winner among rows with the same key,"
+            f" so it needs '{PRIMARY_KEY}' too. Fix: metadata={{'{PRIMARY_KEY}': ['trip_id'],"
+            f" '{DEDUPE_ORDER_BY}': {list(dedupe_order_by)!r}}}."
+        )
+
+    return WriteSettings(
+        asset=asset,
+        mode=mode,
+        schema=schema,
+        table=table,
+        partition_expr=partition_expr,
+        primary_key=primary_key,
+        dedupe_order_by=dedupe_order_by,
+        delete_missing=_flag(md, DELETE_MISSING, True, asset),
+        allow_empty=_flag(md, ALLOW_EMPTY, False, asset),
+        allow_runtime_columns=_column_list(md, ALLOW_RUNTIME_COLUMNS, asset, "['loaded_at']"),
+    )

@@ -1,0 +1,216 @@
+"""Pure SQL builders for the write strategies.
+
+Each function takes validated identifiers (and window bounds) and returns SQL text plus the
+parameters to bind. Nothing here opens a connection, so every statement is unit-testable. Values
+are always bound parameters; identifiers are validated and quoted.
+"""
+
+from collections.abc import Sequence
+from datetime import date, datetime
+from typing import Any
+
+from idem_assets.lib.identifiers import quote, validate_identifier
+
+Bound = datetime | date
+Statement = tuple[str, list[Any]]
+
+
+def _cols(columns: Sequence[str]) -> list[str]:
+    return [quote(validate_identifier(c, "column")) for c in columns]
+
+
+def window_predicate(
+    column: str, spans: Sequence[tuple[Bound, Bound]], alias: str | None = None
+) -> Statement:
+    """``column`` inside any half-open span: ``(c >= ? AND c < ?) OR ...``."""
+    c = quote(validate_identifier(column, "partition column"))
+    if alias:
+        c = f"{alias}.{c}"
+    parts = [f"({c} >= ? AND {c} < ?)" for _ in spans]
+    params: list[Any] = [b for span in spans for b in span]
+    return "(" + " OR ".join(parts) + ")", params
+
+
+def create_table_like(target: str, source: str) -> str:
+    """Create ``target`` with ``source``'s columns and types, if it does not exist yet."""
+    return f"CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM {source} LIMIT 0"
+
+
+def delete_window(target: str, column: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
+    """Delete the window's rows (the overwrite's first half; never touches other partitions)."""
+    pred, params = window_predicate(column, spans)
+    return f"DELETE FROM {target} WHERE {pred}", params
+
+
+def delete_all(target: str) -> str:
+    """Delete every row: the scope of an unpartitioned asset is its whole table."""
+    return f"DELETE FROM {target}"
+
+
+def delete_matching_keys(target: str, source: str, key: Sequence[str]) -> str:
+    """Delete target rows whose key appears in ``source`` (the upsert's update half)."""
+    cond = " AND ".join(f"{target}.{c} = {source}.{c}" for c in _cols(key))
+    return f"DELETE FROM {target} USING {source} WHERE {cond}"
+
+
+def insert_by_name(target: str, source: str, order_by: str | None) -> str:
+    """Insert ``source`` matching columns by name, in partition order when one is given.
+
+    Inserting in partition order keeps each partition in few row groups, so DuckDB's zone maps
+    let the next window delete skip the rest of the table.
+    """
+    order = f" ORDER BY {quote(validate_identifier(order_by, 'column'))}" if order_by else ""
+    return f"INSERT INTO {target} BY NAME SELECT * FROM {source}{order}"
+
+
+def dedupe(source: str, key: Sequence[str], order_by: Sequence[str], columns: Sequence[str]) -> str:
+    """Keep one row per key: the greatest ``order_by`` wins.
+
+    Ties on ``order_by`` are broken by every remaining column, so the winner never depends on
+    the order rows arrived in; rows that tie on every column are identical, so any one will do.
+    """
+    rest = [c for c in columns if c not in key and c not in order_by]
+    tie_break = [f"{c} DESC NULLS LAST" for c in _cols(order_by)] + [
+        f"{c} ASC NULLS LAST" for c in _cols(rest)
+    ]
+    return (
+        f"SELECT * FROM {source} QUALIFY row_number() OVER ("
+        f"PARTITION BY {', '.join(_cols(key))} ORDER BY {', '.join(tie_break)}) = 1"
+    )
+
+
+def batch_profile(
+    source: str,
+    partition_column: str | None,
+    spans: Sequence[tuple[Bound, Bound]],
+    key: Sequence[str],
+) -> Statement:
+    """One scan of the batch: rows, NULL partition values, rows outside the window, NULL keys, duplicates.
+
+    Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
+    """
+    params: list[Any] = []
+    if partition_column:
+        p = quote(validate_identifier(partition_column, "partition column"))
+        null_partition = f"count(*) FILTER (WHERE {p} IS NULL)"
+        if spans:
+            pred, params = window_predicate(partition_column, spans)
+            outside = f"count(*) FILTER (WHERE {p} IS NOT NULL AND NOT {pred})"
+        else:
+            outside = "0"
+    else:
+        null_partition, outside = "0", "0"
+    if key:
+        kc = _cols(key)
+        null_key = "count(*) FILTER (WHERE " + " OR ".join(f"{c} IS NULL" for c in kc) + ")"
+        tuple_expr = kc[0] if len(kc) == 1 else f"row({', '.join(kc)})"
+        duplicates = f"count(*) - count(DISTINCT {tuple_expr})"
+    else:
+        null_key, duplicates = "0", "0"
+    sql = f"SELECT count(*), {null_partition}, {outside}, {null_key}, {duplicates} FROM {source}"
+    return sql, params
+
+
+def stray_rows_sample(
+    source: str, partition_column: str, spans: Sequence[tuple[Bound, Bound]], limit: int = 5
+) -> Statement:
+    """A few rows dated outside the window, earliest first."""
+    pred, params = window_predicate(partition_column, spans)
+    p = quote(partition_column)
+    return (
+        f"SELECT * FROM {source} WHERE {p} IS NOT NULL AND NOT {pred} ORDER BY {p} LIMIT {int(limit)}",
+        params,
+    )
+
+
+def null_sample(source: str, columns: Sequence[str], limit: int = 5) -> str:
+    """A few rows with NULL in any of ``columns``."""
+    cond = " OR ".join(f"{c} IS NULL" for c in _cols(columns))
+    return f"SELECT * FROM {source} WHERE {cond} LIMIT {int(limit)}"
+
+
+def duplicate_key_sample(source: str, key: Sequence[str], limit: int = 5) -> str:
+    """Rows of the first few duplicated keys, grouped together."""
+    kc = _cols(key)
+    k = ", ".join(kc)
+    return (
+        f"SELECT * FROM {source} WHERE ({k}) IN ("
+        f"SELECT {k} FROM {source} GROUP BY {k} HAVING count(*) > 1 ORDER BY {k} LIMIT {int(limit)})"
+        f" ORDER BY {k} LIMIT {int(limit) * 2}"
+    )
+
+
+def count_window(
+    target: str, partition_column: str | None, spans: Sequence[tuple[Bound, Bound]]
+) -> Statement:
+    """Rows currently in the window (the whole table when unpartitioned)."""
+    if partition_column is None:
+        return f"SELECT count(*) FROM {target}", []
+    pred, params = window_predicate(partition_column, spans)
+    return f"SELECT count(*) FROM {target} WHERE {pred}", params
+
+
+def merge_counts(
+    target: str,
+    source: str,
+    key: Sequence[str],
+    partition_column: str | None,
+    spans: Sequence[tuple[Bound, Bound]],
+) -> Statement:
+    """Keys of the batch already in the window, and batch keys found *outside* the window.
+
+    Columns returned: ``matched_in_window, matched_outside_window``.
+    """
+    kc = _cols(key)
+    join = " AND ".join(f"t.{c} = s.{c}" for c in kc)
+    if partition_column is None:
+        return (
+            f"SELECT count(*), 0 FROM {target} t JOIN {source} s ON {join}",
+            [],
+        )
+    pred_t, params = window_predicate(partition_column, spans, alias="t")
+    return (
+        f"SELECT count(*) FILTER (WHERE {pred_t}), count(*) FILTER (WHERE NOT {pred_t})"
+        f" FROM {target} t JOIN {source} s ON {join}",
+        params + params,
+    )
+
+
+def keys_outside_window_sample(
+    target: str,
+    source: str,
+    key: Sequence[str],
+    partition_column: str,
+    spans: Sequence[tuple[Bound, Bound]],
+    limit: int = 5,
+) -> Statement:
+    """Existing rows outside the window whose key the batch also holds."""
+    kc = _cols(key)
+    join = " AND ".join(f"t.{c} = s.{c}" for c in kc)
+    pred_t, params = window_predicate(partition_column, spans, alias="t")
+    return (
+        f"SELECT t.* FROM {target} t JOIN {source} s ON {join} WHERE NOT {pred_t}"
+        f" LIMIT {int(limit)}",
+        params,
+    )
+
+
+def fingerprint(
+    target: str,
+    columns: Sequence[str],
+    partition_column: str | None = None,
+    spans: Sequence[tuple[Bound, Bound]] = (),
+) -> Statement:
+    """An order-independent fingerprint of the rows: their count and the sum of row hashes.
+
+    A sum (not an XOR) is used so that a doubled row changes the fingerprint.
+    """
+    cols = ", ".join(_cols(sorted(columns)))
+    where, params = "", []
+    if partition_column is not None and spans:
+        pred, params = window_predicate(partition_column, spans)
+        where = f" WHERE {pred}"
+    return (
+        f"SELECT count(*), coalesce(sum(hash({cols})::HUGEINT), 0) FROM {target}{where}",
+        params,
+    )
