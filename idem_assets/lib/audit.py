@@ -91,9 +91,9 @@ def stage(
     con = duckdb.connect()
     try:
         con.register(_STAGED, table)
-        return con.execute(
+        return con.sql(
             sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
-        ).fetch_arrow_table()
+        ).to_arrow_table()
     finally:
         con.close()
 
@@ -105,7 +105,7 @@ def audit_table(
     window: WriteWindow | None,
     expected_rows: Mapping[str, int] | None = None,
 ) -> AuditReport:
-    """Evaluate ``checks`` on ``table`` in one grouped scan; per partition when there is a window."""
+    """Evaluate ``checks`` on ``table`` in one grouped scan, per partition given a window."""
     if expected_rows is not None:
         checks = [
             dataclasses.replace(c, expected=expected_rows) if c.kind == "row_count" else c
@@ -242,14 +242,16 @@ def run_audit(
     checks: Sequence[Check],
     metadata: Mapping[str, Any],
 ) -> Iterator[dg.AssetCheckResult | dg.Output]:
-    """Stage ``output``, yield every check result, then the output, or raise if a blocking check failed."""
+    """Stage ``output`` and yield every check result, then the output (or raise on a blocker)."""
     asset_key = context.asset_key
     asset = asset_key.to_user_string()
     batch = output if isinstance(output, Batch) else Batch(output)
-    key = tuple(_raw(metadata.get(PRIMARY_KEY)) or ())
-    order = tuple(_raw(metadata.get(DEDUPE_ORDER_BY)) or ())
-    key = (key,) if isinstance(key, str) else key
-    table = stage(batch.data, asset, key, (order,) if isinstance(order, str) else order)
+    # A single column may be given as a bare string, as resolve_settings accepts.
+    key = _raw(metadata.get(PRIMARY_KEY)) or ()
+    order = _raw(metadata.get(DEDUPE_ORDER_BY)) or ()
+    key = (key,) if isinstance(key, str) else tuple(key)
+    order = (order,) if isinstance(order, str) else tuple(order)
+    table = stage(batch.data, asset, key, order)
     partition_expr = _raw(metadata.get(PARTITION_EXPR))
     window = None
     if context.has_partition_key_range or context.has_partition_key:

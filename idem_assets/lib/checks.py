@@ -5,6 +5,7 @@ scan of the batch, grouped by partition, so a chunked backfill still gets a verd
 Freshness is measured against the end of each partition's window, never against the wall clock.
 """
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,8 +55,23 @@ class Check:
             return " OR ".join(f"{x} IS NULL" for x in c)
         if self.kind == "between":
             # NaN sorts above every number in DuckDB, so NaN and infinities fail the range too.
-            return f"({c[0]} < {self.low!r} OR {c[0]} > {self.high!r} OR isnan({c[0]}::DOUBLE))"
+            low, high = _double(self.low), _double(self.high)
+            return f"({c[0]} < {low} OR {c[0]} > {high} OR isnan({c[0]}::DOUBLE))"
         return None
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _check_name(name: str) -> str:
+    # Dagster names allow only letters, digits and underscores.
+    return re.sub(r"[^A-Za-z0-9_]", "_", name.replace("-", "minus_"))
+
+
+def _double(value: float | None) -> str:
+    # Through float() and a quoted cast, so numpy scalars and infinities are valid SQL literals.
+    return f"'{float(value if value is not None else 'nan')!r}'::DOUBLE"
 
 
 def _cols(columns: Sequence[str]) -> tuple[str, ...]:
@@ -70,7 +86,10 @@ def row_count(
     name: str = "row_count",
     blocking: bool = True,
 ) -> Check:
-    """Rows per partition equal ``expected`` (an int, a mapping or a callable of the key) or lie in bounds."""
+    """Rows per partition equal ``expected`` or lie within ``[min_rows, max_rows]``.
+
+    ``expected`` is an int, a mapping of partition key to count, or a callable of the key.
+    """
     if expected is None and min_rows is None and max_rows is None:
         raise ValueError("row_count needs expected=..., min_rows=... or max_rows=...")
     desc = (
@@ -119,7 +138,7 @@ def between(
     """Every non-NULL value of ``column`` lies in ``[low, high]``; NaN and infinities fail."""
     (col,) = _cols([column])
     return Check(
-        name=name or f"{col}_between_{low:g}_and_{high:g}".replace(".", "_").replace("-", "m"),
+        name=name or _check_name(f"{col}_between_{_num(low)}_and_{_num(high)}"),
         description=f"{col} between {low:g} and {high:g}",
         kind="between",
         columns=(col,),
@@ -132,7 +151,7 @@ def between(
 def freshness(
     column: str, max_lag: timedelta, *, name: str | None = None, blocking: bool = True
 ) -> Check:
-    """The newest ``column`` value of each partition is within ``max_lag`` of the partition's end."""
+    """The newest ``column`` value of each partition lies within ``max_lag`` of its end."""
     (col,) = _cols([column])
     return Check(
         name=name or f"{col}_freshness",

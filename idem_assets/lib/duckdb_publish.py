@@ -6,7 +6,7 @@ crash tests drive it directly.
 """
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +25,7 @@ from idem_assets.lib.errors import (
     StrayRowsError,
     format_sample,
 )
-from idem_assets.lib.identifiers import qualified, quote
+from idem_assets.lib.identifiers import qualified, quote, validate_identifier
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import WriteWindow, bound_for
 
@@ -39,7 +39,8 @@ RUNTIME_STAMP_TOLERANCE = timedelta(hours=1)
 _INTEGERS = ["TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"]
 _UNSIGNED = ["UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"]
 _TIMESTAMPS = {"TIMESTAMP", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS"}
-_TZ_TIMESTAMPS = {"TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ"}
+# DuckDB 2 reads a pandas tz-aware column (nanoseconds) as TIMESTAMPTZ_NS.
+_TZ_TIMESTAMPS = {"TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ", "TIMESTAMPTZ_NS"}
 _RANDOM_UUID = re.compile(
     r"^[0-9a-f]{8}-[0-9a-f]{4}-[14][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$", re.IGNORECASE
 )
@@ -73,7 +74,8 @@ def to_arrow(obj: object, asset: str) -> pa.Table:
     raise TypeError(
         f"Asset '{asset}' returned {type(obj).__name__}; the idempotent IO managers store a"
         " pandas DataFrame or a pyarrow Table. Return one of those (an empty one with the right"
-        " columns if the partition really has no rows, together with metadata={'allow_empty': True})."
+        " columns if the partition really has no rows, together with"
+        " metadata={'allow_empty': True})."
     )
 
 
@@ -85,6 +87,8 @@ def _compatible(batch_type: str, table_type: str) -> bool:
             return family.index(batch_type) <= family.index(table_type)
     if batch_type in _TIMESTAMPS and table_type in _TIMESTAMPS:
         return True
+    if batch_type in _TZ_TIMESTAMPS and table_type in _TZ_TIMESTAMPS:
+        return True
     return batch_type == "FLOAT" and table_type == "DOUBLE"
 
 
@@ -92,14 +96,21 @@ def _is_timestamp(t: str) -> bool:
     return t in _TIMESTAMPS or t in _TZ_TIMESTAMPS
 
 
+def _one(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> tuple:
+    # Fetch to the end: DuckDB 2 refuses other work on a connection with an unfinished result.
+    rows = conn.execute(query, list(params)).fetchall()
+    return rows[0] if rows else ()
+
+
 def column_types(conn: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
     """Column name to DuckDB type of a table, view or registered Arrow table."""
     return {row[0]: row[1] for row in conn.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
 
 
-def _table_columns(
+def table_columns(
     conn: duckdb.DuckDBPyConnection, schema: str, table: str
 ) -> dict[str, str] | None:
+    """Column name to type of an existing table, or ``None`` when there is no such table."""
     rows = conn.execute(
         "SELECT column_name, data_type FROM information_schema.columns"
         " WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
@@ -127,6 +138,8 @@ def check_schema(
 ) -> None:
     """Refuse a batch whose partition column is not a date/time, or that does not fit the table."""
     where = _where(settings, window)
+    for c in batch_cols:
+        validate_identifier(c, f"Refused to write {where}: batch column")
     needed = [settings.partition_expr] if settings.partition_expr else []
     needed += list(settings.primary_key) + list(settings.dedupe_order_by)
     absent = [c for c in dict.fromkeys(needed) if c not in batch_cols]
@@ -166,7 +179,7 @@ def check_schema(
         tz_hint = (
             " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
             " make both naive (tz_localize(None)) or both aware."
-            if any("TIME ZONE" in c for c in changed)
+            if any("TIME ZONE" in c or "TIMESTAMPTZ" in c for c in changed)
             else ""
         )
         raise SchemaMismatchError(
@@ -198,7 +211,7 @@ def _check_runtime_values(
     window_ended = window is None or window.end.astimezone(UTC) <= now - RUNTIME_STAMP_TOLERANCE
     if stamps and window_ended:
         aggs = ", ".join(f"min({quote(c)}), max({quote(c)})" for c in stamps)
-        row = conn.execute(f"SELECT {aggs} FROM {source}").fetchone() or ()
+        row = _one(conn, f"SELECT {aggs} FROM {source}") or ()
         for i, col in enumerate(stamps):
             lo, hi = row[2 * i], row[2 * i + 1]
             if lo is None:
@@ -234,20 +247,30 @@ def publish(
     window: WriteWindow | None,
     *,
     now: datetime | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> PublishResult:
     """Check ``batch`` against every guard, then replace the window with it in one transaction.
 
     Raises one of the :class:`~idem_assets.lib.errors.IdempotencyError` subclasses, with the
     transaction rolled back, when the write would not be safe to rerun.
+
+    ``on_stage`` is a test hook for fault and crash injection: it is called with
+    ``"guards_passed"``, ``"deleted"``, ``"inserted"`` and ``"before_commit"`` as the transaction
+    reaches each point, so a test can raise (or kill the process) there and prove the old
+    window survives. Production callers leave it unset.
     """
     now = now or datetime.now(UTC)
+    on_stage = on_stage or _no_stage
     target = qualified(settings.schema, settings.table)
     where = _where(settings, window)
     conn.register(STAGED, batch)
     try:
         conn.execute("BEGIN TRANSACTION")
         try:
-            result = _publish_in_transaction(conn, batch, settings, window, target, where, now)
+            result = _publish_in_transaction(
+                conn, batch, settings, window, target, where, now, on_stage
+            )
+            on_stage("before_commit")
             conn.execute("COMMIT")
             return result
         except BaseException:
@@ -258,6 +281,10 @@ def publish(
         conn.unregister(STAGED)
 
 
+def _no_stage(stage: str) -> None:
+    pass
+
+
 def _publish_in_transaction(
     conn: duckdb.DuckDBPyConnection,
     batch: pa.Table,
@@ -266,9 +293,10 @@ def _publish_in_transaction(
     target: str,
     where: str,
     now: datetime,
+    on_stage: Callable[[str], None],
 ) -> PublishResult:
     batch_cols = column_types(conn, STAGED)
-    table_cols = _table_columns(conn, settings.schema, settings.table)
+    table_cols = table_columns(conn, settings.schema, settings.table)
     check_schema(settings, window, batch_cols, table_cols)
 
     pcol = settings.partition_expr if window else None
@@ -280,7 +308,7 @@ def _publish_in_transaction(
 
     source = STAGED
     q, p = sql.batch_profile(source, pcol, spans, key)
-    rows, null_partition, outside, null_key, duplicates = conn.execute(q, p).fetchone() or (0,) * 5
+    rows, null_partition, outside, null_key, duplicates = _one(conn, q, p) or (0,) * 5
     if duplicates and settings.dedupe_order_by:
         conn.execute(
             f"CREATE TEMP TABLE {DEDUPED} AS "
@@ -326,7 +354,7 @@ def _publish_in_transaction(
     existing = 0
     if table_cols is not None:
         q, p = sql.count_window(target, pcol, spans)
-        existing = (conn.execute(q, p).fetchone() or (0,))[0]
+        existing = (_one(conn, q, p) or (0,))[0]
     if rows == 0 and existing and not settings.allow_empty:
         raise EmptyBatchError(
             f"Refused to write {where}: the batch is empty but the window holds {existing} rows;"
@@ -338,7 +366,7 @@ def _publish_in_transaction(
     matched = 0
     if settings.mode == "merge" and table_cols is not None:
         q, p = sql.merge_counts(target, source, key, pcol, spans)
-        matched, outside_keys = conn.execute(q, p).fetchone() or (0, 0)
+        matched, outside_keys = _one(conn, q, p) or (0, 0)
         if outside_keys and pcol:
             q, p = sql.keys_outside_window_sample(target, source, key, pcol, spans)
             raise KeyOutsideWindowError(
@@ -349,6 +377,7 @@ def _publish_in_transaction(
                 + _sample(conn, q, p)
             )
 
+    on_stage("guards_passed")
     if table_cols is None:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(settings.schema)}")
         conn.execute(_create_statement(target, source, batch_cols))
@@ -366,13 +395,15 @@ def _publish_in_transaction(
             updated, deleted = matched, existing - matched
         else:
             updated, deleted = 0, existing
+    on_stage("deleted")
     conn.execute(
         sql.insert_by_name(target, source, pcol if window and len(window.partitions) > 1 else None)
     )
     inserted = rows - updated
+    on_stage("inserted")
 
     q, p = sql.fingerprint(target, list(table_cols or batch_cols), pcol, spans)
-    count, digest = conn.execute(q, p).fetchone() or (0, 0)
+    count, digest = _one(conn, q, p) or (0, 0)
     return PublishResult(
         rows=count,
         inserted=inserted,
@@ -387,10 +418,16 @@ def _publish_in_transaction(
 def _create_statement(target: str, source: str, batch_cols: dict[str, str]) -> str:
     # pandas hands DuckDB nanosecond timestamps; store microseconds, DuckDB's native precision,
     # so later Arrow batches and SQL literals compare without casts.
+    native = {
+        "TIMESTAMP_S": "TIMESTAMP",
+        "TIMESTAMP_MS": "TIMESTAMP",
+        "TIMESTAMP_NS": "TIMESTAMP",
+        "TIMESTAMPTZ_NS": "TIMESTAMPTZ",
+    }
     recast = [
-        f"CAST({quote(c)} AS TIMESTAMP) AS {quote(c)}"
+        f"CAST({quote(c)} AS {native[t]}) AS {quote(c)}"
         for c, t in batch_cols.items()
-        if t in _TIMESTAMPS and t != "TIMESTAMP"
+        if t in native
     ]
     replace = f" REPLACE ({', '.join(recast)})" if recast else ""
     return f"CREATE TABLE {target} AS SELECT *{replace} FROM {source} LIMIT 0"
@@ -404,7 +441,7 @@ def table_fingerprint(
     window: WriteWindow | None = None,
 ) -> str | None:
     """Fingerprint a table (or one window of it); ``None`` when the table does not exist."""
-    cols = _table_columns(conn, schema, table)
+    cols = table_columns(conn, schema, table)
     if cols is None:
         return None
     spans: list[tuple[Any, Any]] = []
@@ -414,5 +451,5 @@ def table_fingerprint(
             for s, e in window.spans()
         ]
     q, p = sql.fingerprint(qualified(schema, table), list(cols), partition_column, spans)
-    count, digest = conn.execute(q, p).fetchone() or (0, 0)
+    count, digest = _one(conn, q, p) or (0, 0)
     return f"{count}:{int(digest) % (1 << 128):032x}"

@@ -45,7 +45,7 @@ class KeyOutsideWindowError(IdempotencyError):
 
 
 class RuntimeValueError(IdempotencyError):
-    """The batch holds run-time values (load timestamps, random uuids) that differ on every rerun."""
+    """The batch holds run-time values (load times, random uuids) that differ on every rerun."""
 
 
 class BlockingCheckError(IdempotencyError):

@@ -12,7 +12,7 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from idem_assets.lib import sql
-from idem_assets.lib.duckdb_publish import PublishResult, publish, to_arrow
+from idem_assets.lib.duckdb_publish import PublishResult, publish, table_columns, to_arrow
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.settings import WriteMode, WriteSettings, resolve_settings
 from idem_assets.lib.windows import bound_for, window_from_context
@@ -68,42 +68,36 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
         context.add_output_metadata(publish_metadata(result, settings, window))
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame | pa.Table:
-        """Load the window's rows for a partitioned input, else the whole table, in partition order."""
+        """Load the window's rows of a partitioned input (else the whole table), in partition order."""
         settings = self._settings(context)
         window = window_from_context(context, settings.asset)
-        target = qualified(settings.schema, settings.table)
+        want_arrow = context.dagster_type.typing_type is pa.Table
+        # A partition mapping can map to no upstream partition at all (the first day of a
+        # self-dependent asset): that input is empty, never the whole table.
+        maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
         with self._connect() as conn:
-            exists = conn.execute(
-                "SELECT count(*) FROM information_schema.tables"
-                " WHERE table_schema = ? AND table_name = ?",
-                [settings.schema, settings.table],
-            ).fetchone()
-            if not exists or not exists[0]:
+            columns = table_columns(conn, settings.schema, settings.table)
+            if columns is None:
+                if maps_to_nothing:
+                    return pa.table({}) if want_arrow else pd.DataFrame()
                 raise dg.Failure(
                     f"Asset '{settings.asset}' has no table {settings.schema}.{settings.table} in"
                     f" {self.database} yet. Materialize it first (for the partition(s) this run"
                     " reads), then rerun."
                 )
             where, params, order = "", [], ""
-            if settings.partition_expr:
-                order = f" ORDER BY {quote(settings.partition_expr)}"
-            if window and settings.partition_expr:
-                ptype = conn.execute(
-                    "SELECT data_type FROM information_schema.columns WHERE table_schema = ?"
-                    " AND table_name = ? AND column_name = ?",
-                    [settings.schema, settings.table, settings.partition_expr],
-                ).fetchone()
-                spans = (
-                    [(bound_for(s, ptype[0]), bound_for(e, ptype[0])) for s, e in window.spans()]
-                    if ptype
-                    else []
-                )
-                pred, params = sql.window_predicate(settings.partition_expr, spans)
+            pcol = settings.partition_expr
+            if pcol:
+                order = f" ORDER BY {quote(pcol)}"
+            if maps_to_nothing:
+                where = " WHERE false"
+            elif window and pcol:
+                spans = [(bound_for(s, columns[pcol]), bound_for(e, columns[pcol])) for s, e in window.spans()]
+                pred, params = sql.window_predicate(pcol, spans)
                 where = f" WHERE {pred}"
-            relation = conn.execute(f"SELECT * FROM {target}{where}{order}", params)
-            if context.dagster_type.typing_type is pa.Table:
-                return relation.fetch_arrow_table()
-            return relation.df()
+            target = qualified(settings.schema, settings.table)
+            relation = conn.sql(f"SELECT * FROM {target}{where}{order}", params=params)
+            return relation.to_arrow_table() if want_arrow else relation.df()
 
 
 def publish_metadata(result: PublishResult, settings: WriteSettings, window: Any) -> dict[str, Any]:

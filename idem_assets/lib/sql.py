@@ -69,7 +69,8 @@ def dedupe(source: str, key: Sequence[str], order_by: Sequence[str], columns: Se
     Ties on ``order_by`` are broken by every remaining column, so the winner never depends on
     the order rows arrived in; rows that tie on every column are identical, so any one will do.
     """
-    rest = [c for c in columns if c not in key and c not in order_by]
+    # Sorted, so the winner of an exact tie does not depend on the batch's column order either.
+    rest = sorted(c for c in columns if c not in key and c not in order_by)
     tie_break = [f"{c} DESC NULLS LAST" for c in _cols(order_by)] + [
         f"{c} ASC NULLS LAST" for c in _cols(rest)
     ]
@@ -85,7 +86,7 @@ def batch_profile(
     spans: Sequence[tuple[Bound, Bound]],
     key: Sequence[str],
 ) -> Statement:
-    """One scan of the batch: rows, NULL partition values, rows outside the window, NULL keys, duplicates.
+    """One scan of the batch: rows, NULL partition values, stray rows, NULL keys, duplicates.
 
     Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
     """
@@ -118,7 +119,8 @@ def stray_rows_sample(
     pred, params = window_predicate(partition_column, spans)
     p = quote(partition_column)
     return (
-        f"SELECT * FROM {source} WHERE {p} IS NOT NULL AND NOT {pred} ORDER BY {p} LIMIT {int(limit)}",
+        f"SELECT * FROM {source} WHERE {p} IS NOT NULL AND NOT {pred}"
+        f" ORDER BY {p} LIMIT {int(limit)}",
         params,
     )
 
@@ -135,7 +137,8 @@ def duplicate_key_sample(source: str, key: Sequence[str], limit: int = 5) -> str
     k = ", ".join(kc)
     return (
         f"SELECT * FROM {source} WHERE ({k}) IN ("
-        f"SELECT {k} FROM {source} GROUP BY {k} HAVING count(*) > 1 ORDER BY {k} LIMIT {int(limit)})"
+        f"SELECT {k} FROM {source} GROUP BY {k} HAVING count(*) > 1"
+        f" ORDER BY {k} LIMIT {int(limit)})"
         f" ORDER BY {k} LIMIT {int(limit) * 2}"
     )
 

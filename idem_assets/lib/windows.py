@@ -61,7 +61,8 @@ class WriteWindow:
         """Human-readable partition list, e.g. ``2026-01-01...2026-01-03 (3 partitions)``."""
         if len(self.partitions) == 1:
             return self.partitions[0].key
-        return f"{self.partitions[0].key}...{self.partitions[-1].key} ({len(self.partitions)} partitions)"
+        first, last = self.partitions[0].key, self.partitions[-1].key
+        return f"{first}...{last} ({len(self.partitions)} partitions)"
 
 
 def window_from_keys(
@@ -103,6 +104,6 @@ def bound_for(value: datetime, column_type: str) -> datetime | date:
     kind = column_type.upper()
     if kind == "DATE":
         return value.date()
-    if "WITH TIME ZONE" in kind or kind == "TIMESTAMPTZ":
+    if "WITH TIME ZONE" in kind or kind.startswith("TIMESTAMPTZ"):
         return value
     return value.replace(tzinfo=None)
