@@ -52,10 +52,15 @@ class BlockingCheckError(IdempotencyError):
     """A blocking data-quality check failed on the staged batch, so nothing was published."""
 
 
+def _show(value: Any) -> str:
+    # Strings keep their quotes so blanks and padding stay visible; dates read as ISO text.
+    return repr(value) if isinstance(value, str) or value is None else str(value)
+
+
 def format_sample(columns: Sequence[str], rows: Sequence[Sequence[Any]], limit: int = 5) -> str:
     """Render up to ``limit`` rows as indented ``col=value`` lines for an error message."""
     lines = []
     for row in rows[:limit]:
-        pairs = ", ".join(f"{c}={v!r}" for c, v in zip(columns, row, strict=False))
+        pairs = ", ".join(f"{c}={_show(v)}" for c, v in zip(columns, row, strict=False))
         lines.append(f"    {pairs}")
     return "\n".join(lines)
