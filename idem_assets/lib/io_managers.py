@@ -68,7 +68,7 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
         context.add_output_metadata(publish_metadata(result, settings, window))
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame | pa.Table:
-        """Load the window's rows of a partitioned input (else the whole table), in partition order."""
+        """Load the window's rows (the whole table when unpartitioned), in partition order."""
         settings = self._settings(context)
         window = window_from_context(context, settings.asset)
         want_arrow = context.dagster_type.typing_type is pa.Table
@@ -92,7 +92,10 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
             if maps_to_nothing:
                 where = " WHERE false"
             elif window and pcol:
-                spans = [(bound_for(s, columns[pcol]), bound_for(e, columns[pcol])) for s, e in window.spans()]
+                spans = [
+                    (bound_for(s, columns[pcol]), bound_for(e, columns[pcol]))
+                    for s, e in window.spans()
+                ]
                 pred, params = sql.window_predicate(pcol, spans)
                 where = f" WHERE {pred}"
             target = qualified(settings.schema, settings.table)
@@ -124,6 +127,6 @@ class DuckDBOverwriteIOManager(_IdempotentDuckDBIOManager):
 
 
 class DuckDBMergeIOManager(_IdempotentDuckDBIOManager):
-    """Upserts the batch on metadata 'primary_key' and deletes the window's stale rows, in one transaction."""
+    """Upserts the batch on 'primary_key' and deletes the window's stale rows in one transaction."""
 
     mode: ClassVar[WriteMode] = "merge"

@@ -1,0 +1,309 @@
+"""Write-audit-publish: checks run on the staged batch and only a passing batch is published."""
+
+import math
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import idem_assets as ia
+
+from . import DAILY, DAYS, count, fingerprint, read, run, trips, trips_between, window
+
+Source = Callable[[dg.AssetExecutionContext], Any]
+
+BETWEEN = ia.between("passenger_count", 1, 6)
+CHECKS = [
+    ia.row_count(1000),
+    ia.not_null("trip_id"),
+    ia.unique("trip_id"),
+    BETWEEN,
+    ia.freshness("pickup_at", timedelta(hours=3)),
+]
+
+
+def in_window_trips(context: dg.AssetExecutionContext) -> pd.DataFrame:
+    tw = context.partition_time_window
+    return trips_between(tw.start, tw.end)
+
+
+def pipeline(
+    source: Source = in_window_trips,
+    checks: list[ia.Check] | None = None,
+    metadata: dict[str, Any] | None = None,
+    io_manager: str = "overwrite_io_manager",
+) -> list[dg.AssetsDefinition]:
+    """An audited trips asset and a downstream asset that reads it."""
+
+    @ia.audited_asset(
+        checks=CHECKS if checks is None else checks,
+        partitions_def=DAILY,
+        io_manager_key=io_manager,
+        metadata=metadata or {"partition_expr": "pickup_at"},
+    )
+    def trips(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        """Trips, audited before they are published."""
+        return source(context)
+
+    @dg.asset(
+        partitions_def=DAILY,
+        io_manager_key="overwrite_io_manager",
+        metadata={"partition_expr": "pickup_at"},
+    )
+    def busy_trips(trips: pd.DataFrame) -> pd.DataFrame:
+        """Trips with four or more passengers."""
+        return trips[trips["passenger_count"] >= 4]
+
+    return [trips, busy_trips]
+
+
+def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def materialized(result: dg.ExecuteInProcessResult) -> list[str]:
+    return sorted(
+        e.materialization.asset_key.to_user_string()
+        for e in result.get_asset_materialization_events()
+    )
+
+
+def with_bad_passengers(context: dg.AssetExecutionContext) -> pd.DataFrame:
+    batch = in_window_trips(context)
+    batch.loc[[10, 20, 30], "passenger_count"] = 9
+    return batch
+
+
+def test_a_passing_batch_is_published_with_every_check_passed(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    result = run(pipeline(), db, "2026-01-02")
+
+    assert result.success
+    checks = evaluations(result)
+    assert sorted(checks) == sorted([c.name for c in CHECKS] + ["in_window"])
+    assert all(e.passed for e in checks.values())
+    assert checks["row_count"].metadata["per_partition"].value == {
+        "2026-01-02": {"rows": 1000, "expected": 1000, "delta": 0}
+    }
+    assert materialized(result) == ["busy_trips", "trips"]
+    with read(db) as conn:
+        assert count(conn, day="2026-01-02") == 1000
+
+
+def test_a_failing_blocking_check_stops_the_run_and_keeps_the_last_good_data(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "w.duckdb"
+    batches: dict[str, Source] = {"source": in_window_trips}
+    assets = pipeline(lambda ctx: batches["source"](ctx))
+    run(assets, db, "2026-01-02")
+    with read(db) as conn:
+        last_good = fingerprint(conn)
+
+    batches["source"] = with_bad_passengers
+    result = run(assets, db, "2026-01-02", raise_on_error=False)
+
+    assert not result.success
+    failure = result.failure_data_for_node("trips")
+    assert failure is not None and failure.error is not None
+    cause = failure.error.cause  # Dagster wraps the user error
+    assert cause is not None and cause.cls_name == "BlockingCheckError"
+    assert f"{BETWEEN.name}: 3 failing row(s)" in cause.message
+    assert "readers keep the last good data" in cause.message
+    checks = evaluations(result)
+    between = checks[BETWEEN.name]
+    assert not between.passed
+    assert between.severity == dg.AssetCheckSeverity.ERROR
+    assert between.metadata["failing"].value == 3
+    sample = between.metadata["failing_sample"].value
+    assert sample.count("| 9 |") == 3
+    assert all(e.passed for name, e in checks.items() if name != BETWEEN.name)
+    assert materialized(result) == []  # neither trips nor the downstream busy_trips
+    with read(db) as conn:
+        assert fingerprint(conn) == last_good
+
+
+def test_a_failing_warn_check_still_publishes(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    warn = ia.between("passenger_count", 1, 6, blocking=False)
+    result = run(pipeline(with_bad_passengers, checks=[warn]), db, "2026-01-02")
+
+    assert result.success
+    evaluation = evaluations(result)[warn.name]
+    assert not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN
+    assert evaluation.metadata["failing"].value == 3
+    assert materialized(result) == ["busy_trips", "trips"]
+    with read(db) as conn:
+        assert conn.execute("SELECT count(*) FROM trips WHERE passenger_count = 9").fetchall() == [
+            (3,)
+        ]
+
+
+def test_a_stray_row_fails_the_always_on_in_window_check(tmp_path: Path) -> None:
+    def with_stray(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        return pd.concat([in_window_trips(context), trips("2026-01-01", 1, first_id=1)])
+
+    result = run(
+        pipeline(with_stray, checks=[]), tmp_path / "w.duckdb", "2026-01-02", raise_on_error=False
+    )
+
+    assert not result.success
+    in_window = evaluations(result)["in_window"]
+    assert not in_window.passed
+    assert in_window.metadata["failing"].value == 1
+    assert "2026-01-01 00:00:00" in in_window.metadata["failing_sample"].value
+
+
+def test_bare_string_key_metadata_dedupes_the_staged_batch(tmp_path: Path) -> None:
+    def resent(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        batch = in_window_trips(context).assign(updated_at=datetime(2026, 1, 5))
+        again = batch.iloc[:10].assign(fare=99.0, updated_at=datetime(2026, 1, 6))
+        return pd.concat([again, batch], ignore_index=True)
+
+    metadata = {
+        "partition_expr": "pickup_at",
+        "primary_key": "trip_id",
+        "dedupe_order_by": "updated_at",
+    }
+    db = tmp_path / "w.duckdb"
+    result = run(
+        pipeline(resent, [ia.unique("trip_id")], metadata, "merge_io_manager"), db, "2026-01-02"
+    )
+
+    assert result.success
+    with read(db) as conn:
+        assert count(conn) == 1000
+        assert conn.execute("SELECT count(*) FROM trips WHERE fare = 99").fetchall() == [(10,)]
+
+
+# Check semantics, called directly ----------------------------------------------------------------
+
+
+def verdict(report: ia.AuditReport, name: str) -> Any:
+    (found,) = [v for v in report.verdicts if v.check.name == name]
+    return found
+
+
+def test_between_fails_on_nan_and_infinities_but_not_null() -> None:
+    values = [1.0, math.nan, math.inf, -math.inf, 6.0, None]
+    table = pa.table({"passenger_count": pa.array(values, pa.float64())})
+
+    report = ia.audit_table(table, [BETWEEN, ia.not_null("passenger_count")], None, None)
+
+    assert verdict(report, BETWEEN.name).failing == 3
+    assert verdict(report, "passenger_count_not_null").failing == 1
+    assert len(verdict(report, BETWEEN.name).sample) == 3
+
+
+def test_pandas_nan_arrives_as_null_so_not_null_catches_it() -> None:
+    # pyarrow turns a pandas NaN into NULL; between() skips NULLs, not_null() fails them.
+    frame = pd.DataFrame({"passenger_count": [1.0, math.nan, 3.0]})
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+
+    report = ia.audit_table(table, [BETWEEN, ia.not_null("passenger_count")], None, None)
+
+    assert verdict(report, BETWEEN.name).passed
+    assert verdict(report, "passenger_count_not_null").failing == 1
+
+
+def test_between_accepts_numpy_and_infinite_bounds() -> None:
+    import numpy as np
+
+    table = pa.table({"fare": [0.5, 10.0, 1e12]})
+    checks = [ia.between("fare", np.float64(1.0), float("inf"), name="fare_at_least_1")]
+    assert verdict(ia.audit_table(table, checks, None, None), "fare_at_least_1").failing == 1
+
+
+@pytest.mark.parametrize(
+    ("hours_before_end", "passed"), [(5, False), (3, True), (2, True)], ids=["5h", "3h", "2h"]
+)
+@pytest.mark.parametrize("aware", [False, True], ids=["naive", "tz-aware"])
+def test_freshness_is_measured_from_the_partition_end(
+    hours_before_end: int, passed: bool, aware: bool
+) -> None:
+    newest = datetime(2026, 1, 3) - timedelta(hours=hours_before_end)
+    frame = pd.DataFrame({"pickup_at": [datetime(2026, 1, 2, 1), newest]})
+    if aware:
+        frame["pickup_at"] = frame["pickup_at"].dt.tz_localize("UTC")
+    check = ia.freshness("pickup_at", timedelta(hours=3))
+
+    report = ia.audit_table(pa.Table.from_pandas(frame), [check], "pickup_at", window("2026-01-02"))
+
+    result = verdict(report, check.name)
+    assert result.passed is passed
+    assert result.per_partition["2026-01-02"]["lag"] == f"{hours_before_end}:00:00"
+
+
+def test_freshness_needs_a_partitioned_asset() -> None:
+    table = pa.table({"pickup_at": [datetime(2026, 1, 2)]})
+    with pytest.raises(ia.ConfigurationError, match="unpartitioned"):
+        ia.audit_table(table, [ia.freshness("pickup_at", timedelta(hours=1))], None, None)
+
+
+# Expected counts and ranges ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("expected", "passed"), [(1000, True), (1001, False)])
+def test_a_batch_carries_its_expected_row_count(
+    tmp_path: Path, expected: int, passed: bool
+) -> None:
+    def with_manifest(context: dg.AssetExecutionContext) -> ia.Batch:
+        return ia.Batch(in_window_trips(context), expected_rows={context.partition_key: expected})
+
+    db = tmp_path / "w.duckdb"
+    result = run(
+        pipeline(with_manifest, [ia.row_count(min_rows=1)]), db, "2026-01-02", raise_on_error=False
+    )
+
+    assert result.success is passed
+    row_count = evaluations(result)["row_count"]
+    assert row_count.passed is passed
+    assert row_count.metadata["per_partition"].value == {
+        "2026-01-02": {"rows": 1000, "expected": expected, "delta": 1000 - expected}
+    }
+    with read(db) as conn:
+        assert (fingerprint(conn) is not None) is passed
+
+
+def test_a_range_run_reports_checks_per_partition(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    result = run(pipeline(), db, partition_range=(DAYS[0], DAYS[-1]))
+
+    assert result.success
+    checks = evaluations(result)
+    assert checks["row_count"].metadata["per_partition"].value == {
+        day: {"rows": 1000, "expected": 1000, "delta": 0} for day in DAYS
+    }
+    assert sorted(checks["pickup_at_freshness"].metadata["per_partition"].value) == list(DAYS)
+    with read(db) as conn:
+        assert [count(conn, day=day) for day in DAYS] == [1000, 1000, 1000]
+
+
+def test_a_short_day_in_a_range_fails_that_day_only() -> None:
+    table = pa.Table.from_pandas(
+        pd.concat([trips("2026-01-01"), trips("2026-01-02", 990), trips("2026-01-03")])
+    )
+    report = ia.audit_table(table, [ia.row_count(1000)], "pickup_at", window(*DAYS))
+
+    result = verdict(report, "row_count")
+    assert not result.passed
+    assert result.failing == 1
+    assert result.detail == "1 of 3 partition(s) failed: 2026-01-02"
+    assert result.per_partition["2026-01-02"] == {"rows": 990, "expected": 1000, "delta": -10}
+
+
+def test_an_unpartitioned_batch_is_judged_as_one_group() -> None:
+    table = pa.table({"id": [1, 2, 2]})
+    report = ia.audit_table(table, [ia.row_count(3), ia.unique("id")], None, None)
+
+    assert verdict(report, "row_count").per_partition == {
+        "all": {"rows": 3, "expected": 3, "delta": 0}
+    }
+    assert verdict(report, "id_unique").failing == 1
+    assert [v.check.name for v in report.blocking_failures] == ["id_unique"]

@@ -1,0 +1,124 @@
+"""The SQL builders: exact text, quoted identifiers, and values bound as parameters."""
+
+from datetime import date, datetime
+
+import duckdb
+import pytest
+
+import idem_assets as ia
+from idem_assets.lib import sql
+from idem_assets.lib.identifiers import qualified, quote, validate_identifier
+
+DAY = (datetime(2026, 1, 1), datetime(2026, 1, 2))
+LATER_DAY = (datetime(2026, 1, 5), datetime(2026, 1, 6))
+TARGET = '"main"."trips"'
+
+
+def test_window_predicate_is_half_open_and_bound() -> None:
+    assert sql.window_predicate("pickup_at", [DAY]) == (
+        '(("pickup_at" >= ? AND "pickup_at" < ?))',
+        [datetime(2026, 1, 1), datetime(2026, 1, 2)],
+    )
+
+
+def test_window_predicate_covers_every_span_with_an_alias() -> None:
+    text, params = sql.window_predicate("pickup_at", [DAY, LATER_DAY], alias="t")
+    assert text == (
+        '((t."pickup_at" >= ? AND t."pickup_at" < ?) OR (t."pickup_at" >= ? AND t."pickup_at" < ?))'
+    )
+    assert params == [*DAY, *LATER_DAY]
+
+
+def test_delete_window_text() -> None:
+    assert sql.delete_window(TARGET, "pickup_at", [DAY]) == (
+        'DELETE FROM "main"."trips" WHERE (("pickup_at" >= ? AND "pickup_at" < ?))',
+        list(DAY),
+    )
+
+
+def test_insert_by_name_text() -> None:
+    assert sql.insert_by_name(TARGET, "staged", None) == (
+        'INSERT INTO "main"."trips" BY NAME SELECT * FROM staged'
+    )
+    assert sql.insert_by_name(TARGET, "staged", "pickup_at") == (
+        'INSERT INTO "main"."trips" BY NAME SELECT * FROM staged ORDER BY "pickup_at"'
+    )
+
+
+def test_dedupe_breaks_ties_on_every_other_column_in_name_order() -> None:
+    assert sql.dedupe("staged", ["id"], ["updated_at"], ["id", "salary", "updated_at", "name"]) == (
+        'SELECT * FROM staged QUALIFY row_number() OVER (PARTITION BY "id" ORDER BY'
+        ' "updated_at" DESC NULLS LAST, "name" ASC NULLS LAST, "salary" ASC NULLS LAST) = 1'
+    )
+
+
+def test_fingerprint_text_sorts_columns() -> None:
+    assert sql.fingerprint(TARGET, ["fare", "trip_id"]) == (
+        'SELECT count(*), coalesce(sum(hash("fare", "trip_id")::HUGEINT), 0) FROM "main"."trips"',
+        [],
+    )
+    assert sql.fingerprint(TARGET, ["trip_id", "fare"], "pickup_at", [DAY])[1] == list(DAY)
+
+
+def test_merge_counts_binds_the_window_once_per_use() -> None:
+    text, params = sql.merge_counts(TARGET, "staged", ["id"], "pickup_at", [DAY])
+    assert text.count("?") == len(params) == 4
+    assert text.endswith('FROM "main"."trips" t JOIN staged s ON t."id" = s."id"')
+
+
+def test_values_are_bound_never_formatted() -> None:
+    hostile = "2026-01-01'); DROP TABLE trips; --"
+    for text, params in [
+        sql.window_predicate("pickup_at", [(hostile, hostile)]),
+        sql.delete_window(TARGET, "pickup_at", [(hostile, hostile)]),
+        sql.count_window(TARGET, "pickup_at", [(hostile, hostile)]),
+        sql.batch_profile("staged", "pickup_at", [(hostile, hostile)], ["id"]),
+        sql.stray_rows_sample("staged", "pickup_at", [(hostile, hostile)]),
+    ]:
+        assert "DROP" not in text and "2026" not in text
+        assert params.count(hostile) == 2
+
+
+@pytest.mark.parametrize(
+    "builder",
+    [
+        lambda bad: sql.window_predicate(bad, [DAY]),
+        lambda bad: sql.delete_window(TARGET, bad, [DAY]),
+        lambda bad: sql.insert_by_name(TARGET, "staged", bad),
+        lambda bad: sql.dedupe("staged", [bad], ["updated_at"], ["id"]),
+        lambda bad: sql.dedupe("staged", ["id"], [bad], ["id"]),
+        lambda bad: sql.fingerprint(TARGET, [bad]),
+        lambda bad: sql.delete_matching_keys(TARGET, "staged", [bad]),
+        lambda bad: sql.batch_profile("staged", None, [], [bad]),
+        lambda bad: qualified(bad, "trips"),
+    ],
+)
+def test_builders_refuse_identifiers_that_are_not_plain(builder: object) -> None:
+    with pytest.raises(ia.InvalidIdentifierError):
+        builder('pickup_at" > 0; DROP TABLE trips; --')  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", ["", "1st", "a b", "a-b", "é", "x" * 64, None, 3])
+def test_validate_identifier_refuses(name: object) -> None:
+    with pytest.raises(ia.InvalidIdentifierError, match="not a plain identifier"):
+        validate_identifier(name, "column")
+
+
+def test_reserved_words_are_quoted_not_refused() -> None:
+    assert quote(validate_identifier("order", "column")) == '"order"'
+    assert qualified("main", "date") == '"main"."date"'
+
+
+def test_the_builders_run_on_duckdb() -> None:
+    with duckdb.connect() as conn:
+        conn.execute('CREATE TABLE main.trips (id INTEGER, pickup_at DATE, "order" INTEGER)')
+        conn.execute(
+            "INSERT INTO main.trips VALUES (1, '2026-01-01', 1), (2, '2026-01-02', 2),"
+            " (3, '2025-12-31', 3)"
+        )
+        span = [(date(2026, 1, 1), date(2026, 1, 2))]
+        assert conn.execute(*sql.count_window(TARGET, "pickup_at", span)).fetchall() == [(1,)]
+        conn.execute(*sql.delete_window(TARGET, "pickup_at", span))
+        assert conn.execute("SELECT id FROM main.trips ORDER BY id").fetchall() == [(2,), (3,)]
+        text, params = sql.fingerprint(TARGET, ["id", "pickup_at", "order"])
+        assert conn.execute(text, params).fetchall()[0][0] == 2
