@@ -10,7 +10,6 @@ from decimal import Decimal
 
 import dagster as dg
 import duckdb
-import pandas as pd
 import pyarrow as pa
 
 import idem_assets as ia
@@ -70,7 +69,7 @@ def running_totals(
     pool=WAREHOUSE_POOL,
 )
 def revenue_running_total(
-    context: dg.AssetExecutionContext, daily_zone_revenue: pa.Table, previous: pd.DataFrame
+    context: dg.AssetExecutionContext, daily_zone_revenue: pa.Table, previous: pa.Table
 ) -> pa.Table:
     """Revenue per day and its running total since the first partition."""
     days = [date.fromisoformat(k) for k in context.partition_keys]
@@ -78,13 +77,13 @@ def revenue_running_total(
     previous_total = None
     if context.partition_keys[0] != DAILY.get_first_partition_key():
         before = first - timedelta(days=1)
-        seed = previous[pd.to_datetime(previous["day"]).dt.date == before]
-        if seed.empty:
+        totals = {row["day"]: row["running_total"] for row in previous.to_pylist()}
+        if before not in totals:
             raise dg.Failure(
                 f"revenue_running_total for {before} is missing, so the total from {first} on"
                 f" cannot be computed. Materialize {before} first (a backfill from the first"
                 " missing day runs in order, oldest first)."
             )
-        previous_total = Decimal(str(seed["running_total"].iloc[0]))
+        previous_total = totals[before]
         context.log.info(f"Seeded with the running total of {before}: {previous_total:.2f}")
     return running_totals(days, daily_zone_revenue, previous_total)

@@ -284,6 +284,13 @@ def audited_asset(
     """
 
     def decorator(fn: Callable[..., Any]) -> dg.AssetsDefinition:
+        params = list(inspect.signature(fn).parameters)
+        if not params or params[0] != "context":
+            raise ConfigurationError(
+                f"@audited_asset {fn.__name__}: the audit needs the run's partition window, so"
+                " the function's first parameter must be `context` (e.g."
+                f" def {fn.__name__}(context: dg.AssetExecutionContext, ...))."
+            )
         name = asset_kwargs.get("name") or fn.__name__
         prefix = asset_kwargs.get("key_prefix") or []
         prefix = [prefix] if isinstance(prefix, str) else list(prefix)

@@ -88,15 +88,16 @@ def row_count(
 ) -> Check:
     """Rows per partition equal ``expected`` or lie within ``[min_rows, max_rows]``.
 
-    ``expected`` is an int, a mapping of partition key to count, or a callable of the key.
+    ``expected`` is an int, a mapping of partition key to count, or a callable of the key. With
+    no argument, the count comes from the asset's ``Batch(data, expected_rows={key: n})``, and a
+    partition without one fails: a count nobody declared cannot be checked.
     """
     if expected is None and min_rows is None and max_rows is None:
-        raise ValueError("row_count needs expected=..., min_rows=... or max_rows=...")
-    desc = (
-        "Rows per partition equal the expected count"
-        if expected is not None
-        else (f"Rows per partition within [{min_rows}, {max_rows}]")
-    )
+        desc = "Rows per partition equal the count the asset declares with Batch(expected_rows=...)"
+    elif expected is not None:
+        desc = "Rows per partition equal the expected count"
+    else:
+        desc = f"Rows per partition within [{min_rows}, {max_rows}]"
     return Check(
         name=name,
         description=desc,
@@ -230,8 +231,10 @@ def judge(
         rows, value = values.get(w.key, (0, None))
         if check.kind == "row_count":
             exp = expected_for(check, w.key)
+            declared_nothing = exp is None and check.low is None and check.high is None
             ok = (
-                (exp is None or rows == exp)
+                not declared_nothing
+                and (exp is None or rows == exp)
                 and (check.low is None or rows >= check.low)
                 and (check.high is None or rows <= check.high)
             )

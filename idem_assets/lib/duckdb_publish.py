@@ -57,6 +57,8 @@ class PublishResult:
     partitions: list[str] = field(default_factory=list)
     fingerprint: str = ""
     table: str = ""
+    #: For a range publish: partition key to (rows, fingerprint) of that partition.
+    per_partition: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 def to_arrow(obj: object, asset: str) -> pa.Table:
@@ -355,7 +357,9 @@ def _publish_in_transaction(
     if table_cols is not None:
         q, p = sql.count_window(target, pcol, spans)
         existing = (_one(conn, q, p) or (0,))[0]
-    if rows == 0 and existing and not settings.allow_empty:
+    # An upsert without deletes cannot erase anything, so only the replacing writes are guarded.
+    erases = settings.mode == "overwrite" or settings.delete_missing
+    if rows == 0 and existing and erases and not settings.allow_empty:
         raise EmptyBatchError(
             f"Refused to write {where}: the batch is empty but the window holds {existing} rows;"
             " publishing it would silently erase them. Nothing was changed. Fix: find out why"
@@ -402,17 +406,38 @@ def _publish_in_transaction(
     inserted = rows - updated
     on_stage("inserted")
 
-    q, p = sql.fingerprint(target, list(table_cols or batch_cols), pcol, spans)
-    count, digest = _one(conn, q, p) or (0, 0)
+    columns = list(table_cols or batch_cols)
+    per_partition: dict[str, tuple[int, str]] = {}
+    if pcol and window and len(window.partitions) > 1:
+        ptype = (table_cols or batch_cols)[pcol]
+        bounds = [
+            (w.key, bound_for(w.start, ptype), bound_for(w.end, ptype)) for w in window.partitions
+        ]
+        q, p = sql.partition_fingerprints(target, columns, pcol, bounds)
+        found = {key: (n, d) for key, n, d in conn.execute(q, p).fetchall()}
+        per_partition = {
+            w.key: (found.get(w.key, (0, 0))[0], _digest(*found.get(w.key, (0, 0))))
+            for w in window.partitions
+        }
+        count = sum(n for n, _ in found.values())
+        digest = sum(d for _, d in found.values())
+    else:
+        q, p = sql.fingerprint(target, columns, pcol, spans)
+        count, digest = _one(conn, q, p) or (0, 0)
     return PublishResult(
         rows=count,
         inserted=inserted,
         updated=updated,
         deleted=deleted,
         partitions=window.keys if window else [],
-        fingerprint=f"{count}:{int(digest) % (1 << 128):032x}",
+        fingerprint=_digest(count, digest),
         table=f"{settings.schema}.{settings.table}",
+        per_partition=per_partition,
     )
+
+
+def _digest(count: int, hash_sum: int) -> str:
+    return f"{count}:{int(hash_sum) % (1 << 128):032x}"
 
 
 def _create_statement(target: str, source: str, batch_cols: dict[str, str]) -> str:
@@ -452,4 +477,4 @@ def table_fingerprint(
         ]
     q, p = sql.fingerprint(qualified(schema, table), list(cols), partition_column, spans)
     count, digest = _one(conn, q, p) or (0, 0)
-    return f"{count}:{int(digest) % (1 << 128):032x}"
+    return _digest(count, digest)

@@ -2,6 +2,7 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, ClassVar
 
 import dagster as dg
@@ -40,6 +41,8 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
     def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
         # DuckDBResource retries while another process holds the file's writer lock; its own
         # context manager skips close() when the body raises, so close here on every path.
+        if self.database != ":memory:" and not self.database.startswith("md:"):
+            Path(self.database).parent.mkdir(parents=True, exist_ok=True)
         resource = DuckDBResource(database=self.database, connection_config=self.connection_config)
         with resource.get_connection() as conn:
             try:
@@ -66,6 +69,14 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
         with self._connect() as conn:
             result = publish(conn, batch, settings, window)
         context.add_output_metadata(publish_metadata(result, settings, window))
+        # A range run yields one materialization per partition; give each its own row count
+        # and fingerprint instead of the range's totals.
+        for key, (rows, fingerprint) in result.per_partition.items():
+            context.step_context.add_asset_metadata(
+                {"dagster/row_count": rows, "fingerprint": fingerprint},
+                asset_key=context.asset_key,
+                partition_key=key,
+            )
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame | pa.Table:
         """Load the window's rows (the whole table when unpartitioned), in partition order."""
@@ -117,6 +128,10 @@ def publish_metadata(result: PublishResult, settings: WriteSettings, window: Any
     if window is not None:
         md["partitions_written"] = len(result.partitions)
         md["window"] = f"[{window.start.isoformat()}, {window.end.isoformat()})"
+    if result.per_partition:
+        # Inserted/updated/deleted stay range totals; name the total row count as such.
+        md["range_row_count"] = result.rows
+        md["range_fingerprint"] = result.fingerprint
     return md
 
 

@@ -198,6 +198,30 @@ def keys_outside_window_sample(
     )
 
 
+def partition_fingerprints(
+    target: str,
+    columns: Sequence[str],
+    partition_column: str,
+    partitions: Sequence[tuple[str, Bound, Bound]],
+) -> Statement:
+    """Per-partition count and hash sum in one scan: rows of ``(key, count, hash_sum)``.
+
+    Used after a range (chunked backfill) publish, so each partition's materialization can
+    carry its own row count and fingerprint rather than the range's totals.
+    """
+    cols = ", ".join(_cols(sorted(columns)))
+    p = quote(validate_identifier(partition_column, "partition column"))
+    case = " ".join(f"WHEN {p} >= ? AND {p} < ? THEN ?" for _ in partitions)
+    params: list[Any] = [v for key, start, end in partitions for v in (start, end, key)]
+    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
+    return (
+        f"SELECT CASE {case} END AS partition_key, count(*),"
+        f" coalesce(sum(hash({cols})::HUGEINT), 0) FROM {target} WHERE {pred}"
+        " GROUP BY partition_key",
+        params + where_params,
+    )
+
+
 def fingerprint(
     target: str,
     columns: Sequence[str],

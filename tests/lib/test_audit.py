@@ -307,3 +307,41 @@ def test_an_unpartitioned_batch_is_judged_as_one_group() -> None:
     }
     assert verdict(report, "id_unique").failing == 1
     assert [v.check.name for v in report.blocking_failures] == ["id_unique"]
+
+
+def test_row_count_without_a_declared_count_fails(tmp_path: Path) -> None:
+    db = tmp_path / "w.duckdb"
+    result = run(pipeline(checks=[ia.row_count()]), db, "2026-01-02", raise_on_error=False)
+
+    assert not result.success
+    verdict = evaluations(result)["row_count"]
+    assert not verdict.passed
+    assert verdict.metadata["per_partition"].value == {
+        "2026-01-02": {"rows": 1000, "expected": None, "delta": None}
+    }
+
+
+def test_row_count_takes_the_count_the_batch_declares(tmp_path: Path) -> None:
+    def declared(context: dg.AssetExecutionContext) -> ia.Batch:
+        return ia.Batch(in_window_trips(context), expected_rows={"2026-01-02": 999})
+
+    result = run(
+        pipeline(declared, checks=[ia.row_count()]),
+        tmp_path / "w.duckdb",
+        "2026-01-02",
+        raise_on_error=False,
+    )
+
+    verdict = evaluations(result)["row_count"]
+    assert verdict.metadata["per_partition"].value == {
+        "2026-01-02": {"rows": 1000, "expected": 999, "delta": 1}
+    }
+    assert not result.success
+
+
+def test_an_audited_asset_must_take_context_first() -> None:
+    with pytest.raises(ia.ConfigurationError, match="first parameter must be `context`"):
+
+        @ia.audited_asset(checks=[ia.not_null("trip_id")])
+        def trips(upstream: pd.DataFrame) -> pd.DataFrame:
+            return upstream

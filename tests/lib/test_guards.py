@@ -343,3 +343,24 @@ def test_a_current_window_may_hold_current_timestamps(empty: duckdb.DuckDBPyConn
     today = NOW.date().isoformat()
     batch = trips(today, 10).assign(pickup_at=pd.Timestamp(NOW).tz_localize(None))
     assert publish(empty, batch, settings("merge"), [today]).rows == 10
+
+
+def test_an_empty_upsert_without_deletes_changes_nothing_and_is_accepted(
+    loaded: duckdb.DuckDBPyConnection,
+) -> None:
+    before = partition_fingerprints(loaded)
+    metadata = {**TRIPS_METADATA, "primary_key": ["trip_id"], "delete_missing": False}
+
+    result = publish(loaded, trips("2026-01-03").iloc[:0], settings("merge", metadata), [DAYS[2]])
+
+    assert (result.inserted, result.updated, result.deleted) == (0, 0, 0)
+    assert partition_fingerprints(loaded) == before
+
+
+def test_an_empty_replacing_merge_is_refused(loaded: duckdb.DuckDBPyConnection) -> None:
+    before = partition_fingerprints(loaded)
+    metadata = {**TRIPS_METADATA, "primary_key": ["trip_id"]}
+
+    with pytest.raises(ia.EmptyBatchError, match="allow_empty"):
+        publish(loaded, trips("2026-01-03").iloc[:0], settings("merge", metadata), [DAYS[2]])
+    assert partition_fingerprints(loaded) == before

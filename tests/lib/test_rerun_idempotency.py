@@ -124,13 +124,19 @@ def test_a_range_written_in_one_run_equals_the_days_written_one_by_one(
         assert partition_fingerprints(a) == partition_fingerprints(b)
         assert rows(a) == rows(b)
         whole_range = fingerprint(a, "trips", *DAYS)
+        per_day = {day: fingerprint(a, "trips", day) for day in DAYS}
     metadata = output_metadata(result)
     assert sorted(metadata) == list(DAYS)
-    for md in metadata.values():
+    for day, md in metadata.items():
+        # Each partition's materialization carries its own count and fingerprint ...
+        assert md["dagster/row_count"] == 1000
+        assert md["fingerprint"] == per_day[day]
+        # ... and the range's totals are named as such.
         assert md["partitions_written"] == 3
         assert md["window"] == "[2026-01-01T00:00:00+00:00, 2026-01-04T00:00:00+00:00)"
         assert md["rows_inserted"] == 3000
-        assert md["fingerprint"] == whole_range
+        assert md["range_row_count"] == 3000
+        assert md["range_fingerprint"] == whole_range
 
     # Rerunning the range is as harmless as rerunning one day.
     run([asset], ranged, partition_range=(DAYS[0], DAYS[-1]))
