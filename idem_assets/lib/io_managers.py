@@ -89,7 +89,9 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
         with self._connect() as conn:
             columns = table_columns(conn, settings.schema, settings.table)
             if columns is None:
-                if maps_to_nothing:
+                # No table yet is an empty history for an asset that reads its own earlier
+                # partitions (its first run); for any other input it means a missing upstream.
+                if maps_to_nothing or _reads_itself(context):
                     return pa.table({}) if want_arrow else pd.DataFrame()
                 raise dg.Failure(
                     f"Asset '{settings.asset}' has no table {settings.schema}.{settings.table} in"
@@ -112,6 +114,13 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
             target = qualified(settings.schema, settings.table)
             relation = conn.sql(f"SELECT * FROM {target}{where}{order}", params=params)
             return relation.to_arrow_table() if want_arrow else relation.df()
+
+
+def _reads_itself(context: dg.InputContext) -> bool:
+    assets_def = context.step_context.job_def.asset_layer.get_assets_def_for_node(
+        context.step_context.node_handle
+    )
+    return assets_def is not None and context.asset_key in assets_def.keys
 
 
 def publish_metadata(result: PublishResult, settings: WriteSettings, window: Any) -> dict[str, Any]:
