@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test test-fast dev lint bench clean
+.PHONY: demo test test-fast dev lint bench clean browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,12 +20,20 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m idem_assets.demo
 
-test: $(STAMP)
+test: $(STAMP) browser-deps
 	bash scripts/run_tests.sh
+
+# Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
+browser-deps:
+	bash scripts/install_browser.sh
 
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	test -d .data/landing/trips || $(BIN)/python -m idem_assets.landing generate --start 2026-01-01 --end 2026-01-31 --rows 1000
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
+
+# Prints one table of medians and ratios and rewrites benchmarks/results.md (about 10 minutes).
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,1 @@
+"""Browser tests: Playwright drives Debian's Chromium through the real Dagster UI."""
