@@ -20,6 +20,7 @@ from idem_assets.defs.resources import REPO_ROOT, warehouse_path
 from idem_assets.worked_example import render_table, run_worked_example
 
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
+IN_PROCESS = '{"execution": {"config": {"in_process": {}}}}'
 TABLES = ["raw_trips", "trips", "daily_zone_revenue", "revenue_running_total"]
 PARTITION_COLUMN = {
     "raw_trips": "pickup_at",
@@ -36,7 +37,17 @@ def _bin(name: str) -> str:
 def launch(day: str) -> bool:
     """Run the taxi_daily job for one day through the ``dg`` CLI; True when the run succeeded."""
     proc = subprocess.run(
-        [_bin("dg"), "launch", "--job", "taxi_daily", "--partition", day],
+        # In-process: one process per run instead of one per step, as a CI job would run it.
+        [
+            _bin("dg"),
+            "launch",
+            "--job",
+            "taxi_daily",
+            "--partition",
+            day,
+            "--config-json",
+            IN_PROCESS,
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -69,12 +80,12 @@ def rows_per_partition(database: str) -> dict[tuple[str, str], int]:
 def print_counts(title: str, snapshots: Sequence[tuple[str, dict[tuple[str, str], int]]]) -> None:
     """Print rows per table and day, one column per snapshot."""
     print(f"\n{title}")
-    header = f"  {'table':<22}{'day':<12}" + "".join(f"{name:>14}" for name, _ in snapshots)
+    header = f"  {'table':<22}{'day':<12}" + "".join(f"{name:>18}" for name, _ in snapshots)
     print(header)
     print("  " + "-" * (len(header) - 2))
     for table in TABLES:
         for day in DAYS:
-            cells = "".join(f"{snap.get((table, day), 0):>14,}" for _, snap in snapshots)
+            cells = "".join(f"{snap.get((table, day), 0):>18,}" for _, snap in snapshots)
             print(f"  {table:<22}{day:<12}{cells}")
 
 
@@ -97,14 +108,16 @@ def last_failure(instance: dg.DagsterInstance) -> str:
 
 def main() -> int:
     """Run the demo end to end; exit non-zero if any step does not behave as promised."""
-    data_dir = REPO_ROOT / ".data"
     root = landing.default_landing_dir()
     database = warehouse_path()
+    # The worked example's scratch file sits next to the warehouse, so a demo pointed elsewhere
+    # (IDEM_DUCKDB_PATH) never touches, or races on, the checkout's .data folder.
+    data_dir = Path(database).parent
     print(f"Resetting demo data: {root} and {database}")
     shutil.rmtree(root, ignore_errors=True)
     for suffix in ("", ".wal"):
         Path(database + suffix).unlink(missing_ok=True)
-    data_dir.mkdir(exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DAGSTER_HOME", str(REPO_ROOT / ".dagster_home"))
     Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
 

@@ -54,6 +54,7 @@ def _write(con: duckdb.DuckDBPyConnection, mode: WriteMode, day: date) -> None:
 def run_worked_example(database: str) -> list[tuple[str, int, int]]:
     """Rows after run 1 and run 2 for append, overwrite and merge, in a fresh database file."""
     Path(database).unlink(missing_ok=True)
+    Path(database).parent.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect(database)
     try:
         counts: dict[str, list[int]] = {"append": [], "overwrite": [], "merge": []}

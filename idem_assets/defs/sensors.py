@@ -1,7 +1,9 @@
 """The late-file sensor: a new or corrected landing file for a past day reruns that day."""
 
+import hashlib
 import json
 from datetime import date
+from typing import Any
 
 import dagster as dg
 
@@ -13,49 +15,59 @@ from idem_assets.landing import landing_fingerprint, list_days
 RUNNING_TOTAL = dg.AssetKey("revenue_running_total")
 
 
-def run_key_for(day: date, sha256: str) -> str:
-    """The run key of one version of a day's file: the same bytes never trigger twice."""
-    return f"{day.isoformat()}:{sha256[:16]}"
+def run_key_for(day: date, sha256: str, seen_versions: int = 1) -> str:
+    """The run key of one version of a day's file: the same bytes never trigger twice.
+
+    ``seen_versions`` counts the versions of the day seen so far, so a file that returns to
+    bytes it had before (a withdrawn correction) is still loaded again.
+    """
+    return f"{day.isoformat()}:{sha256[:16]}:{seen_versions}"
 
 
 def late_file_requests(
-    seen: dict[str, str],
+    seen: dict[str, dict[str, Any]],
     fingerprints: dict[str, str],
     last_partition: str | None,
     last_total: str | None,
 ) -> list[dg.RunRequest]:
     """Run requests for days whose file is new or changed since ``seen``; updates ``seen``.
 
-    A changed day also changes every later running total, so when totals exist past that day
-    one more run recomputes them from that day on, in a single pass.
+    A changed day also changes every later running total, so when totals exist past the
+    earliest changed day, one last run recomputes them from there on, in a single pass.
     """
     requests = []
     for key, sha in sorted(fingerprints.items()):
         # The day still in progress is the schedule's; only finished days can be late.
-        if last_partition is None or key > last_partition or seen.get(key) == sha:
+        if last_partition is None or key > last_partition:
             continue
-        seen[key] = sha
-        run_key = run_key_for(date.fromisoformat(key), sha)
+        state = seen.get(key, {"sha256": None, "versions": 0})
+        if state["sha256"] == sha:
+            continue
+        versions = state["versions"] + 1
+        seen[key] = {"sha256": sha, "versions": versions}
         requests.append(
             dg.RunRequest(
-                run_key=run_key,
+                run_key=run_key_for(date.fromisoformat(key), sha, versions),
                 partition_key=key,
                 tags={"idem_assets/landing_sha256": sha},
             )
         )
-        if last_total is not None and last_total > key:
-            next_day = DAILY.get_next_partition_key(key)
-            assert next_day is not None
-            requests.append(
-                dg.RunRequest(
-                    run_key=f"{run_key}:running_total",
-                    asset_selection=[RUNNING_TOTAL],
-                    tags={
-                        "dagster/asset_partition_range_start": next_day,
-                        "dagster/asset_partition_range_end": last_total,
-                    },
-                )
+    earliest = requests[0].partition_key if requests else None
+    if earliest is not None and last_total is not None and last_total > earliest:
+        next_day = DAILY.get_next_partition_key(earliest)
+        assert next_day is not None
+        # Queued after the day runs (the warehouse pool runs one at a time, oldest first).
+        digest = hashlib.sha256("|".join(r.run_key or "" for r in requests).encode()).hexdigest()
+        requests.append(
+            dg.RunRequest(
+                run_key=f"running_total:{next_day}...{last_total}:{digest[:16]}",
+                asset_selection=[RUNNING_TOTAL],
+                tags={
+                    "dagster/asset_partition_range_start": next_day,
+                    "dagster/asset_partition_range_end": last_total,
+                },
             )
+        )
     return requests
 
 
@@ -67,7 +79,7 @@ def late_file_requests(
 )
 def late_file_sensor(context: dg.SensorEvaluationContext, landing: LandingZone) -> dg.SensorResult:
     """Request a rerun of every finished day whose landing file is new or changed."""
-    seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+    seen: dict[str, dict[str, Any]] = json.loads(context.cursor) if context.cursor else {}
     fingerprints = {}
     for day in list_days(landing.path):
         if DAILY.has_partition_key(day.isoformat()):

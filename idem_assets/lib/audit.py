@@ -170,7 +170,7 @@ def audit_table(
                     verdict.failing,
                     verdict.detail,
                     verdict.per_partition,
-                    _failing_sample(con, check, partition_expr, window),
+                    _failing_sample(con, check, partition_expr, window, verdict.per_partition),
                 )
             verdicts.append(verdict)
         return AuditReport(table, verdicts)
@@ -189,7 +189,19 @@ def _failing_sample(
     check: Check,
     partition_expr: str | None,
     window: WriteWindow | None,
+    per_partition: dict[str, Any],
 ) -> list[dict[str, Any]]:
+    if check.kind == "row_count":
+        # No row is wrong on its own: show the partitions whose count is off.
+        return [
+            {"partition": key, **detail}
+            for key, detail in per_partition.items()
+            if detail["delta"] != 0
+        ][:5]
+    if check.kind == "freshness":
+        # The newest rows the batch has, to compare with the end of the window.
+        col = quote(check.columns[0])
+        return _sample_rows(con, f"SELECT * FROM {_STAGED} ORDER BY {col} DESC NULLS LAST LIMIT 5")
     pred = check.failing_predicate()
     if pred is not None:
         return _sample_rows(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
@@ -267,7 +279,8 @@ def run_audit(
             f"Asset '{asset}', partition {where}: {len(failures)} blocking check(s) failed on the"
             " staged batch, so it was not published and readers keep the last good data:\n"
             + "\n".join(lines)
-            + "\nSee each check's failing_sample in the UI. Fix the input (or the check), then"
+            + "\nEach check's failing_sample in the UI shows the offending rows or partitions. Fix"
+            " the input (or the check), then"
             " rerun this partition."
         )
     yield dg.Output(table)
