@@ -30,7 +30,6 @@ from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import WriteWindow, bound_for
 
 STAGED = "idem_staged_batch"
-DEDUPED = "idem_deduped_batch"
 
 #: A timestamp column whose every value lies this close to the wall clock, in a window that ended
 #: before then, was stamped at load time: a rerun would write different values.
@@ -161,6 +160,17 @@ def check_schema(
                 f" pd.to_datetime(df['{settings.partition_expr}'])."
             )
     if table_cols is None:
+        # A column whose every value is None has no type; the table would keep a "NULL" column
+        # that no later batch with real values fits.
+        untyped = [c for c, t in batch_cols.items() if t in ('"NULL"', "NULL")]
+        if untyped:
+            raise SchemaMismatchError(
+                f"Refused to write {where}: column(s) {untyped} hold only NULL and have no type,"
+                f" so table {settings.schema}.{settings.table} cannot be created from this batch."
+                " Nothing was changed. Fix: give the column a type, e.g."
+                f" df['{untyped[0]}'] = df['{untyped[0]}'].astype('float64'), or build the Arrow"
+                " table with an explicit schema."
+            )
         return
     missing = [c for c in table_cols if c not in batch_cols]
     extra = [c for c in batch_cols if c not in table_cols]
@@ -266,6 +276,7 @@ def publish(
     target = qualified(settings.schema, settings.table)
     where = _where(settings, window)
     conn.register(STAGED, batch)
+    failed = False
     try:
         conn.execute("BEGIN TRANSACTION")
         try:
@@ -275,12 +286,34 @@ def publish(
             on_stage("before_commit")
             conn.execute("COMMIT")
             return result
-        except BaseException:
-            conn.execute("ROLLBACK")
+        except BaseException as exc:
+            failed = True
+            try:
+                conn.execute("ROLLBACK")
+            except duckdb.Error:
+                # A failed COMMIT has already ended the transaction, and a fatal error
+                # invalidates the connection: the error that got us here is the one to report.
+                pass
+            if isinstance(exc, duckdb.Error):
+                exc.add_note(_database_failed(where))
             raise
     finally:
-        conn.execute(f"DROP TABLE IF EXISTS temp.{DEDUPED}")
-        conn.unregister(STAGED)
+        try:
+            conn.unregister(STAGED)
+        except duckdb.Error:
+            if not failed:
+                raise
+
+
+def _database_failed(where: str) -> str:
+    return (
+        f"Publishing {where} failed inside the database. The write is one transaction, so the"
+        " window holds its previous rows (or, if the commit reached the WAL before the failure,"
+        " this whole batch), never a mix. Fix the cause named above, then rerun the partition:"
+        " free disk space for 'No space left on device'; open the database read-write, or make"
+        " the file writable, for 'read-only mode' or 'Permission denied'; let the other writer"
+        " finish for a lock or a conflict."
+    )
 
 
 def _no_stage(stage: str) -> None:
@@ -297,6 +330,15 @@ def _publish_in_transaction(
     now: datetime,
     on_stage: Callable[[str], None],
 ) -> PublishResult:
+    names = batch.column_names
+    repeated = sorted({c for c in names if names.count(c) > 1})
+    if repeated:
+        # DuckDB would rename the second copy (fare_1) and store it as a column of its own.
+        raise SchemaMismatchError(
+            f"Refused to write {where}: the batch has more than one column named {repeated}."
+            " Nothing was changed. Fix: drop or rename the duplicates (e.g. after a join, select"
+            " the columns you mean to keep)."
+        )
     batch_cols = column_types(conn, STAGED)
     table_cols = table_columns(conn, settings.schema, settings.table)
     check_schema(settings, window, batch_cols, table_cols)
@@ -309,15 +351,12 @@ def _publish_in_transaction(
     key = list(settings.primary_key)
 
     source = STAGED
-    q, p = sql.batch_profile(source, pcol, spans, key)
+    # Duplicate keys only matter to a merge; with dedupe_order_by they are resolved in the
+    # INSERT itself, so the costly distinct count runs only where it can refuse the batch.
+    dedupe = settings.mode == "merge" and bool(settings.dedupe_order_by)
+    count_duplicates = settings.mode == "merge" and not dedupe
+    q, p = sql.batch_profile(source, pcol, spans, key, count_duplicates)
     rows, null_partition, outside, null_key, duplicates = _one(conn, q, p) or (0,) * 5
-    if duplicates and settings.dedupe_order_by:
-        conn.execute(
-            f"CREATE TEMP TABLE {DEDUPED} AS "
-            + sql.dedupe(STAGED, key, settings.dedupe_order_by, list(batch_cols))
-        )
-        source = DEDUPED
-        rows, duplicates = rows - duplicates, 0
 
     if null_partition:
         raise NullValueError(
@@ -400,9 +439,14 @@ def _publish_in_transaction(
         else:
             updated, deleted = 0, existing
     on_stage("deleted")
-    conn.execute(
-        sql.insert_by_name(target, source, pcol if window and len(window.partitions) > 1 else None)
+    insert_from = (
+        f"({sql.dedupe(STAGED, key, settings.dedupe_order_by, list(batch_cols))})"
+        if dedupe
+        else source
     )
+    order_by = pcol if window and len(window.partitions) > 1 else None
+    # DuckDB answers an INSERT with the number of rows it wrote: after dedup, the batch's size.
+    rows = _one(conn, sql.insert_by_name(target, insert_from, order_by))[0]
     inserted = rows - updated
     on_stage("inserted")
 

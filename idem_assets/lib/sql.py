@@ -85,6 +85,7 @@ def batch_profile(
     partition_column: str | None,
     spans: Sequence[tuple[Bound, Bound]],
     key: Sequence[str],
+    count_duplicates: bool = True,
 ) -> Statement:
     """One scan of the batch: rows, NULL partition values, stray rows, NULL keys, duplicates.
 
@@ -105,7 +106,8 @@ def batch_profile(
         kc = _cols(key)
         null_key = "count(*) FILTER (WHERE " + " OR ".join(f"{c} IS NULL" for c in kc) + ")"
         tuple_expr = kc[0] if len(kc) == 1 else f"row({', '.join(kc)})"
-        duplicates = f"count(*) - count(DISTINCT {tuple_expr})"
+        # count(DISTINCT) is the costliest part of the scan; skip it where nobody needs it.
+        duplicates = f"count(*) - count(DISTINCT {tuple_expr})" if count_duplicates else "0"
     else:
         null_key, duplicates = "0", "0"
     sql = f"SELECT count(*), {null_partition}, {outside}, {null_key}, {duplicates} FROM {source}"
@@ -153,6 +155,13 @@ def count_window(
     return f"SELECT count(*) FROM {target} WHERE {pred}", params
 
 
+def _key_in(source: str, key: Sequence[str], alias: str = "t") -> str:
+    # A semi-join: duplicate keys in the batch cannot multiply the matches.
+    kc = _cols(key)
+    lhs = f"{alias}.{kc[0]}" if len(kc) == 1 else "(" + ", ".join(f"{alias}.{c}" for c in kc) + ")"
+    return f"{lhs} IN (SELECT {', '.join(kc)} FROM {source})"
+
+
 def merge_counts(
     target: str,
     source: str,
@@ -160,21 +169,16 @@ def merge_counts(
     partition_column: str | None,
     spans: Sequence[tuple[Bound, Bound]],
 ) -> Statement:
-    """Keys of the batch already in the window, and batch keys found *outside* the window.
+    """Target rows whose key the batch holds: inside the window, and *outside* it.
 
     Columns returned: ``matched_in_window, matched_outside_window``.
     """
-    kc = _cols(key)
-    join = " AND ".join(f"t.{c} = s.{c}" for c in kc)
     if partition_column is None:
-        return (
-            f"SELECT count(*), 0 FROM {target} t JOIN {source} s ON {join}",
-            [],
-        )
+        return f"SELECT count(*), 0 FROM {target} t WHERE {_key_in(source, key)}", []
     pred_t, params = window_predicate(partition_column, spans, alias="t")
     return (
         f"SELECT count(*) FILTER (WHERE {pred_t}), count(*) FILTER (WHERE NOT {pred_t})"
-        f" FROM {target} t JOIN {source} s ON {join}",
+        f" FROM {target} t WHERE {_key_in(source, key)}",
         params + params,
     )
 
@@ -188,11 +192,9 @@ def keys_outside_window_sample(
     limit: int = 5,
 ) -> Statement:
     """Existing rows outside the window whose key the batch also holds."""
-    kc = _cols(key)
-    join = " AND ".join(f"t.{c} = s.{c}" for c in kc)
     pred_t, params = window_predicate(partition_column, spans, alias="t")
     return (
-        f"SELECT t.* FROM {target} t JOIN {source} s ON {join} WHERE NOT {pred_t}"
+        f"SELECT t.* FROM {target} t WHERE {_key_in(source, key)} AND NOT {pred_t}"
         f" LIMIT {int(limit)}",
         params,
     )

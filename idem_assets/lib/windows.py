@@ -76,8 +76,27 @@ def window_from_keys(
             " dg.DailyPartitionsDefinition(start_date=...))."
         )
     parts = []
-    for key in keys:
-        tw = partitions_def.time_window_for_partition_key(key)
+    for key in dict.fromkeys(keys):
+        # Dagster parses any date, so a key before the start, or spelt "2026-1-2", would
+        # still get a window; only a key that its own window spells back is a partition.
+        try:
+            tw = partitions_def.time_window_for_partition_key(key)
+        except ValueError:
+            tw = None
+        start, end, fmt = partitions_def.start, partitions_def.end, partitions_def.fmt
+        if (
+            tw is None
+            or tw.start.strftime(fmt) != key
+            or tw.start < start
+            or (end is not None and tw.end > end)
+        ):
+            span = f"from {start.strftime(fmt)}" + (f" to {end.strftime(fmt)}" if end else "")
+            raise ConfigurationError(
+                f"Asset '{asset}': partition key {key!r} is not a partition of its"
+                f" {type(partitions_def).__name__} (keys formatted {fmt!r}, {span}), so there is"
+                " no window to write. Nothing was changed. Fix: pass a key of the definition,"
+                f" e.g. {start.strftime(fmt)!r}, or widen the definition (start_date/end_date)."
+            )
         parts.append(PartitionWindow(key=key, start=tw.start, end=tw.end))
     parts.sort(key=lambda p: p.start)
     return WriteWindow(tuple(parts))

@@ -63,7 +63,8 @@ def test_fingerprint_text_sorts_columns() -> None:
 def test_merge_counts_binds_the_window_once_per_use() -> None:
     text, params = sql.merge_counts(TARGET, "staged", ["id"], "pickup_at", [DAY])
     assert text.count("?") == len(params) == 4
-    assert text.endswith('FROM "main"."trips" t JOIN staged s ON t."id" = s."id"')
+    # A semi-join, so duplicate keys in the batch cannot multiply the matches.
+    assert text.endswith('FROM "main"."trips" t WHERE t."id" IN (SELECT "id" FROM staged)')
 
 
 def test_values_are_bound_never_formatted() -> None:
