@@ -1,0 +1,170 @@
+"""Run every benchmark, print one table of medians and ratios, and write ``results.md``.
+
+Usage: ``python -m benchmarks.run [--scale tiny|full] [--repeat N] [--only NAME,...]``. ``make
+bench`` runs the full scale and rewrites ``benchmarks/results.md``; the tiny scale is the smoke
+test's and writes a file only when ``--out`` is given. Nothing here asserts a time.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+
+from benchmarks import (
+    bench_backfill,
+    bench_materialize,
+    bench_memory,
+    bench_merge,
+    bench_publish,
+    bench_scaling,
+    breakdown,
+)
+from benchmarks.harness import ROOT, Line, Scale, machine, render
+
+BENCHMARKS: dict[str, ModuleType] = {
+    "publish": bench_publish,
+    "materialize": bench_materialize,
+    "merge": bench_merge,
+    "backfill": bench_backfill,
+    "scaling": bench_scaling,
+    "memory": bench_memory,
+}
+RESULTS = ROOT / "benchmarks" / "results.md"
+
+METHOD = """\
+Each benchmark measures its cases interleaved in one process (A, B, then B, A, ... so neither
+side always runs second), after one discarded warm-up round; the table shows medians, the ratio
+of the medians, and the range of the per-round ratios (each round's A and B ran back to back).
+Writes go to DuckDB files on disk under a temporary directory, on connections held across
+rounds. "equal" says whether the compared writes left identical rows (DuckDB `hash` fingerprint
+of the table or window, plus the merge's update/insert/delete counts). No time is asserted."""
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(
+    scale: Scale, repeat: int | None, only: Sequence[str], workdir: Path
+) -> tuple[list[Line], dict[str, float], str]:
+    """Run the chosen benchmarks; return their lines, seconds per benchmark and the breakdown."""
+    lines: list[Line] = []
+    durations: dict[str, float] = {}
+    for name in only:
+        _log(f"[bench] {name} ({scale}) ...")
+        sub = workdir / name
+        sub.mkdir()
+        start = time.perf_counter()
+        runner: Callable[[Scale, int | None, Path], list[Line]] = BENCHMARKS[name].run
+        lines += runner(scale, repeat, sub)
+        durations[name] = time.perf_counter() - start
+        shutil.rmtree(sub, ignore_errors=True)
+        _log(f"[bench] {name} done in {durations[name]:.1f} s")
+    profile = ""
+    if "publish" in only or "merge" in only:
+        _log("[bench] statement breakdown ...")
+        sub = workdir / "breakdown"
+        sub.mkdir()
+        start = time.perf_counter()
+        profile = breakdown.run(scale, sub)
+        durations["breakdown"] = time.perf_counter() - start
+    return lines, durations, profile
+
+
+def notes(lines: Sequence[Line]) -> str:
+    """The lines' notes, keyed by benchmark and case."""
+    out = []
+    for ln in lines:
+        out += [f"- **{ln.bench}, {ln.case}**: {n}" for n in ln.notes]
+    return "\n".join(out)
+
+
+def markdown(
+    lines: Sequence[Line],
+    facts: dict[str, str],
+    durations: dict[str, float],
+    profile: str,
+    command: str,
+) -> str:
+    """The whole results file."""
+    machine_rows = "\n".join(f"| {k} | {v} |" for k, v in facts.items())
+    timing = ", ".join(f"{k} {v:.0f} s" for k, v in durations.items())
+    return f"""# idem_assets benchmarks
+
+Produced by `{command}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; total
+{sum(durations.values()):.0f} s ({timing}).
+
+{METHOD}
+
+## Results
+
+A/B is the ratio of medians; "target" is the goal for that ratio from the benchmarks issue.
+
+{render(lines)}
+
+{notes(lines)}
+
+## Where publish time goes
+
+Statement shares measured by wrapping the connection (`benchmarks/breakdown.py`); the rest is
+Python, registering the Arrow batch, and fetching results.
+
+{profile or "(not run)"}
+
+## Machine
+
+| | |
+|---|---|
+{machine_rows}
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run, print the table, write the results file."""
+    parser = argparse.ArgumentParser(description="idem_assets benchmarks")
+    parser.add_argument("--scale", choices=["tiny", "full"], default="full")
+    parser.add_argument("--repeat", type=int, default=None, help="rounds per comparison")
+    parser.add_argument(
+        "--only", default=",".join(BENCHMARKS), help=f"comma list of {', '.join(BENCHMARKS)}"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="results markdown path")
+    parser.add_argument("--json", type=Path, default=None, help="also write lines as JSON")
+    args = parser.parse_args(argv)
+    only = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in only if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
+    out = args.out or (RESULTS if args.scale == "full" else None)
+
+    facts = machine()
+    _log("[bench] " + "; ".join(f"{k}: {v}" for k, v in facts.items()))
+    with tempfile.TemporaryDirectory(prefix="idem-bench-") as tmp:
+        lines, durations, profile = run(args.scale, args.repeat, only, Path(tmp))
+    facts["load average (1, 5, 15 min) at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+    table = render(lines)
+    print(table)
+    print()
+    print(notes(lines))
+    if profile:
+        print()
+        print(profile)
+    print(f"\ntotal {sum(durations.values()):.0f} s")
+    command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
+    if out is not None:
+        out.write_text(markdown(lines, facts, durations, profile, command.strip()))
+        _log(f"[bench] wrote {out}")
+    if args.json is not None:
+        args.json.write_text(json.dumps([ln.as_dict() for ln in lines], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

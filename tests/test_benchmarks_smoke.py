@@ -1,0 +1,57 @@
+"""Every benchmark runs at the tiny scale, so `make bench` cannot rot. No time is asserted."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ["publish", "materialize", "merge", "backfill", "scaling", "memory"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    # A subprocess from the repository root: `benchmarks` is not an installed package.
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.run", "--scale", "tiny", "--repeat", "1"),
+            *("--out", str(out / "results.md"), "--json", str(out / "lines.json")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {
+        "lines": json.loads((out / "lines.json").read_text()),
+        "markdown": (out / "results.md").read_text(),
+        "stdout": proc.stdout,
+    }
+
+
+@pytest.mark.parametrize("bench", BENCHMARKS)
+def test_benchmark_produces_finite_ratios_and_equal_results(
+    tiny_run: dict[str, Any], bench: str
+) -> None:
+    number = BENCHMARKS.index(bench) + 1
+    lines = [ln for ln in tiny_run["lines"] if ln["bench"].startswith(f"{number} ")]
+    assert lines, f"benchmark {bench} produced no result line"
+    for ln in lines:
+        assert math.isfinite(ln["ratio"]) and ln["ratio"] > 0, ln
+        assert ln["a_values"] and ln["b_values"], ln
+        # Where a benchmark compares written rows, ours and the baseline must be identical.
+        assert ln["equal"] in (True, None), ln
+
+
+def test_results_file_holds_table_and_machine(tiny_run: dict[str, Any]) -> None:
+    md = tiny_run["markdown"]
+    assert "| # | benchmark | A vs B |" in md
+    assert "| nproc |" in md and "| duckdb |" in md
+    assert "## Where publish time goes" in md
+    assert "| # | benchmark |" in tiny_run["stdout"]
