@@ -1,0 +1,781 @@
+"""The bad-input catalogue (docs/bad-inputs.md): each input is refused, or accepted as noted, and
+the whole database (every schema, table, column type and row) is exactly as it was.
+
+The warehouse is built the way the code location builds it: landing files read by the real
+``raw_trips`` asset and merged by the real ``trips`` asset, plus a few tables that give the
+catalogue other shapes (an audited ``readings`` asset, a TIMESTAMPTZ table, a second schema and a
+table of unusual strings). Each case runs on a fresh copy of that file.
+"""
+
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import idem_assets as ia
+from idem_assets import landing
+from idem_assets.defs.raw_trips import raw_trips
+from idem_assets.defs.resources import LandingZone
+from idem_assets.defs.trips import trips
+
+from . import DAILY, NOW, database_fingerprint
+
+DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
+DAY = "2026-01-02"
+RAW: dict[str, Any] = {"partition_expr": "pickup_at"}
+TRIPS: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id"]}
+READINGS_CHECKS = [ia.not_null("value"), ia.between("value", 0, 100)]
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "bad-inputs.md"
+
+#: Strings that must survive a write and a read unchanged (the 1 MB one included).
+ODD_STRINGS = [
+    "x" * 1_000_000,
+    "Zoë, 東京, مرحبا, emoji 🚕🚖, combining é, rtl \u202eabc",
+    "nul\x00byte, tab\tnewline\n",
+    "",
+]
+INJECTION_VALUES = [
+    "'); DROP TABLE raw_trips; --",
+    '" OR 1=1 --',
+    "$1; DELETE FROM trips",
+    "\\'; ATTACH '/etc/passwd' AS x; --",
+]
+
+
+@dataclass
+class Env:
+    """One case's warehouse copy and landing folder; ``stack`` undoes mounts and attributes."""
+
+    db: Path
+    landing: Path
+    tmp: Path
+    stack: ExitStack
+
+
+def connect(
+    env: Env, read_only: bool = False, config: dict[str, str] | None = None
+) -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(str(env.db), read_only=read_only, config=config or {})
+
+
+def stored(env: Env, table: str, day: str = DAY) -> pa.Table:
+    """The rows of one stored partition, as Arrow, in trip order: the input for a mess."""
+    start = datetime.fromisoformat(day)
+    with connect(env, read_only=True) as conn:
+        column = "read_at" if table == "readings" else "pickup_at"
+        return conn.sql(
+            f"SELECT * FROM main.{table} WHERE {column} >= ? AND {column} < ? ORDER BY ALL",
+            params=[start, start + timedelta(days=1)],
+        ).to_arrow_table()
+
+
+def write(
+    env: Env,
+    batch: pa.Table | pd.DataFrame,
+    *,
+    table: str = "raw_trips",
+    mode: str = "overwrite",
+    metadata: dict[str, Any] | None = None,
+    keys: tuple[str, ...] = (DAY,),
+    read_only: bool = False,
+    config: dict[str, str] | None = None,
+) -> ia.PublishResult:
+    """Publish the way worked_example.py does: resolve_settings, window_from_keys, publish."""
+    write_settings = ia.resolve_settings(
+        asset_key=dg.AssetKey([table]),
+        metadata=metadata if metadata is not None else (RAW if mode == "overwrite" else TRIPS),
+        mode=mode,  # type: ignore[arg-type]
+        default_schema="main",
+        partitioned=True,
+    )
+    window = ia.window_from_keys(DAILY, list(keys), write_settings.asset)
+    arrow = (
+        batch if isinstance(batch, pa.Table) else pa.Table.from_pandas(batch, preserve_index=False)
+    )
+    with connect(env, read_only=read_only, config=config) as conn:
+        return ia.publish(conn, arrow, write_settings, window, now=NOW)
+
+
+def resources(env: Env) -> dict[str, Any]:
+    return {
+        "landing": LandingZone(root=str(env.landing)),
+        "overwrite_io_manager": ia.DuckDBOverwriteIOManager(database=str(env.db)),
+        "merge_io_manager": ia.DuckDBMergeIOManager(database=str(env.db)),
+    }
+
+
+def readings_asset(values: Callable[[str], pa.Table | pd.DataFrame]) -> dg.AssetsDefinition:
+    @ia.audited_asset(
+        name="readings",
+        partitions_def=DAILY,
+        io_manager_key="overwrite_io_manager",
+        metadata={"partition_expr": "read_at"},
+        checks=READINGS_CHECKS,
+    )
+    def readings(context: dg.AssetExecutionContext) -> pa.Table | pd.DataFrame:
+        """Meter readings, one per hour."""
+        return values(context.partition_key)
+
+    return readings
+
+
+def readings(day: str, value: Any = None) -> pa.Table:
+    """24 hourly readings of ``day``; reading 5 holds ``value`` when one is given."""
+    start = datetime.fromisoformat(day)
+    values = [float(h * 3 % 100) for h in range(24)]
+    if value is not None:
+        values[5] = value
+    return pa.table(
+        {
+            "reading_id": [f"{day}/{h:02d}" for h in range(24)],
+            "read_at": pa.array(
+                [start + timedelta(hours=h) for h in range(24)], pa.timestamp("us")
+            ),
+            "value": pa.array(values, pa.float64()),
+        }
+    )
+
+
+def materialize(env: Env, assets: list[Any], partition: str = DAY) -> None:
+    dg.materialize(assets, resources=resources(env), partition_key=partition)
+
+
+def notes(day: str, texts: list[str]) -> pa.Table:
+    start = datetime.fromisoformat(day)
+    return pa.table(
+        {
+            "note_id": pa.array(range(len(texts)), pa.int64()),
+            "noted_at": pa.array([start + timedelta(hours=i) for i in range(len(texts))]),
+            "text": pa.array(texts, pa.string()),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The warehouse and landing folder every case starts from."""
+    root = tmp_path_factory.mktemp("catalogue")
+    env = Env(root / "warehouse.duckdb", root / "landing", root, ExitStack())
+    landing.generate(env.landing, date(2026, 1, 1), date(2026, 1, 3), rows=200)
+    dg.materialize(
+        [raw_trips, trips],
+        resources=resources(env),
+        tags={
+            "dagster/asset_partition_range_start": DAYS[0],
+            "dagster/asset_partition_range_end": DAYS[-1],
+        },
+    )
+    for day in DAYS[:2]:
+        materialize(env, [readings_asset(readings)], day)
+    # A TIMESTAMPTZ partition column, a second schema, and a table of unusual strings.
+    tz_batch = readings(DAY).set_column(
+        1, "read_at", pa.array([datetime(2026, 1, 2, h, tzinfo=UTC) for h in range(24)])
+    )
+    write(env, tz_batch, table="readings_tz", metadata={"partition_expr": "read_at"})
+    archive = stored(env, "raw_trips", "2026-01-01")
+    write(env, archive, metadata={**RAW, "schema": "archive"}, keys=("2026-01-01",))
+    write(
+        env,
+        notes("2026-01-01", ODD_STRINGS),
+        table="notes",
+        metadata={"partition_expr": "noted_at"},
+        keys=("2026-01-01",),
+    )
+    write(env, notes(DAY, INJECTION_VALUES), table="notes", metadata={"partition_expr": "noted_at"})
+    return env.db, env.landing
+
+
+# The inputs ------------------------------------------------------------------------------------
+
+
+def with_row(batch: pa.Table, **changes: Any) -> pa.Table:
+    """``batch`` plus a copy of its first row with ``changes``."""
+    row = batch.slice(0, 1).to_pylist()[0]
+    row.update(changes)
+    return pa.concat_tables([batch, pa.Table.from_pylist([row], batch.schema)])
+
+
+def replaced(batch: pa.Table, column: str, values: Any) -> pa.Table:
+    return batch.set_column(batch.schema.get_field_index(column), column, values)
+
+
+def null_at(batch: pa.Table, column: str, index: int = 7) -> pa.Table:
+    values = batch[column].to_pylist()
+    values[index] = None
+    return replaced(batch, column, pa.array(values, batch.schema.field(column).type))
+
+
+def stray_row(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    return write(env, with_row(batch, trip_id="T-STRAY", pickup_at=datetime(2026, 1, 1, 23)))
+
+
+def row_at_window_end(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    return write(env, with_row(batch, trip_id="T-MIDNIGHT", pickup_at=datetime(2026, 1, 3)))
+
+
+def duplicate_keys(env: Env) -> object:
+    batch = stored(env, "trips")
+    return write(env, with_row(batch, fare=99.0), table="trips", mode="merge")
+
+
+def null_key(env: Env) -> object:
+    return write(env, null_at(stored(env, "trips"), "trip_id"), table="trips", mode="merge")
+
+
+def null_partition(env: Env) -> object:
+    return write(env, null_at(stored(env, "raw_trips"), "pickup_at"))
+
+
+def empty_batch(env: Env) -> object:
+    return write(env, stored(env, "raw_trips").slice(0, 0))
+
+
+def missing_column(env: Env) -> object:
+    return write(env, stored(env, "raw_trips").drop_columns(["tip"]))
+
+
+def extra_column(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    return write(env, batch.append_column("surcharge", pa.array([2.5] * batch.num_rows)))
+
+
+def integer_to_text(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    counts = pa.array([str(v) for v in batch["passenger_count"].to_pylist()])
+    return write(env, replaced(batch, "passenger_count", counts))
+
+
+def reordered_columns(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    return write(env, batch.select(list(reversed(batch.column_names))))
+
+
+def tz_aware_into_naive(env: Env) -> object:
+    frame = stored(env, "raw_trips").to_pandas()
+    frame["pickup_at"] = frame["pickup_at"].dt.tz_localize("UTC")
+    return write(env, frame)
+
+
+def naive_into_tz_aware(env: Env) -> object:
+    return write(env, readings(DAY), table="readings_tz", metadata={"partition_expr": "read_at"})
+
+
+def partition_column_as_text(env: Env) -> object:
+    frame = stored(env, "raw_trips").to_pandas()
+    frame["pickup_at"] = frame["pickup_at"].dt.strftime("%Y-%m-%d %H:%M:%S")
+    return write(env, frame)
+
+
+def reading_of(value: float) -> Callable[[Env], object]:
+    def run(env: Env) -> object:
+        materialize(env, [readings_asset(lambda day: readings(day, value))])
+        return None
+
+    return run
+
+
+def pandas_nan(env: Env) -> object:
+    # pandas hands NaN to Arrow as NULL, so `between` passes it and `not_null` must catch it.
+    materialize(env, [readings_asset(lambda day: readings(day, float("nan")).to_pandas())])
+    return None
+
+
+def odd_strings(env: Env) -> object:
+    return write(
+        env,
+        notes("2026-01-01", ODD_STRINGS),
+        table="notes",
+        metadata={"partition_expr": "noted_at"},
+        keys=("2026-01-01",),
+    )
+
+
+def odd_strings_round_trip(env: Env) -> None:
+    with connect(env, read_only=True) as conn:
+        got = conn.execute(
+            "SELECT text FROM main.notes WHERE noted_at < '2026-01-02' ORDER BY note_id"
+        ).fetchall()
+    assert [r[0] for r in got] == ODD_STRINGS
+
+
+def injection_values(env: Env) -> object:
+    return write(
+        env, notes(DAY, INJECTION_VALUES), table="notes", metadata={"partition_expr": "noted_at"}
+    )
+
+
+def injection_values_round_trip(env: Env) -> None:
+    with connect(env, read_only=True) as conn:
+        got = conn.execute(
+            "SELECT text FROM main.notes WHERE noted_at >= '2026-01-02' ORDER BY note_id"
+        ).fetchall()
+    assert [r[0] for r in got] == INJECTION_VALUES
+
+
+def injected_schema(env: Env) -> object:
+    return write(
+        env, stored(env, "raw_trips"), metadata={**RAW, "schema": "main; DROP TABLE trips"}
+    )
+
+
+def injected_table(env: Env) -> object:
+    return write(env, stored(env, "raw_trips"), table='raw_trips"; DROP TABLE trips; --')
+
+
+def injected_column(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    names = [('fare"; DROP TABLE trips; --' if c == "fare" else c) for c in batch.column_names]
+    return write(env, batch.rename_columns(names))
+
+
+def injected_metadata(env: Env) -> object:
+    return write(env, stored(env, "raw_trips"), metadata={"partition_expr": "pickup_at) OR (1=1"})
+
+
+def injected_partition_key(env: Env) -> object:
+    return write(env, stored(env, "raw_trips"), keys=("2026-01-02'; DROP TABLE trips; --",))
+
+
+def key_before_start(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    pickups = pa.array([t - timedelta(days=3) for t in batch["pickup_at"].to_pylist()])
+    return write(env, replaced(batch, "pickup_at", pickups), keys=("2025-12-30",))
+
+
+def key_not_a_day(env: Env) -> object:
+    return write(env, stored(env, "raw_trips"), keys=("2026-02-30",))
+
+
+def key_spelt_differently(env: Env) -> object:
+    return write(env, stored(env, "raw_trips"), keys=("2026-1-2",))
+
+
+def landing_file(env: Env) -> Path:
+    return landing.csv_path(env.landing, date.fromisoformat(DAY))
+
+
+def missing_landing_file(env: Env) -> object:
+    landing_file(env).unlink()
+    return materialize(env, [raw_trips])
+
+
+def corrupt_landing_file(env: Env) -> object:
+    path = landing_file(env)
+    lines = path.read_text().splitlines(keepends=True)
+    fields = lines[3].split(",")
+    fields[3] = "two"  # passenger_count
+    lines[3] = ",".join(fields)
+    path.write_text("".join(lines))
+    return materialize(env, [raw_trips])
+
+
+def truncated_landing_file(env: Env) -> object:
+    path = landing_file(env)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 - 7])
+    return materialize(env, [raw_trips])
+
+
+def manifest_sha_disagrees(env: Env) -> object:
+    path = landing_file(env)
+    text = path.read_text()
+    fields = text.splitlines()[5].split(",")
+    fields[4] = "12.34" if fields[4] != "12.34" else "12.35"  # a valid, different fare
+    path.write_text(text.replace(text.splitlines()[5], ",".join(fields), 1))
+    return materialize(env, [raw_trips])
+
+
+def manifest_rows_disagree(env: Env) -> object:
+    landing.short_manifest(env.landing, date.fromisoformat(DAY), missing=3)
+    return materialize(env, [raw_trips])
+
+
+def landing_stray_row(env: Env) -> object:
+    landing.add_stray_row(env.landing, date.fromisoformat(DAY), date(2026, 1, 1))
+    return materialize(env, [raw_trips])
+
+
+def read_only_connection(env: Env) -> object:
+    return write(env, stored(env, "raw_trips"), read_only=True)
+
+
+def immutable_file(env: Env) -> object:
+    if subprocess.run(["chattr", "+i", str(env.db)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here (needs root on ext2/3/4 or similar)")
+    env.stack.callback(subprocess.run, ["chattr", "-i", str(env.db)], check=True)
+    return write(env, stored(env, "raw_trips"))
+
+
+def full_disk(env: Env, checkpoint_threshold: str = "16MB") -> object:
+    batch = stored(env, "raw_trips")
+    mount = env.tmp / "tiny_disk"
+    mount.mkdir()
+    # Room for the file plus 256 KiB: the guards pass, the commit's WAL write cannot.
+    size = env.db.stat().st_size + 256 * 1024
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs to fill ({mounted.stderr.decode().strip()})")
+    env.stack.callback(subprocess.run, ["umount", str(mount)], check=True)
+    shutil.copy(env.db, mount / env.db.name)
+    env.db = mount / env.db.name
+    # 60 copies of the day with fresh trip ids: a valid batch of several megabytes.
+    big = pa.concat_tables(
+        replaced(batch, "trip_id", pa.array([f"{t}-{i}" for t in batch["trip_id"].to_pylist()]))
+        for i in range(60)
+    )
+    return write(env, big, config={"checkpoint_threshold": checkpoint_threshold})
+
+
+def untyped_column(env: Env) -> object:
+    batch = readings(DAY).append_column("note", pa.nulls(24))
+    return write(env, batch, table="readings_v2", metadata={"partition_expr": "read_at"})
+
+
+def duplicate_column_names(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    doubled = pa.Table.from_arrays(
+        [*batch.columns, batch["fare"]], names=[*batch.column_names, "fare"]
+    )
+    # The first write of a table: DuckDB would create it with a second column named fare_1.
+    return write(env, doubled, table="raw_trips_copy")
+
+
+def random_uuids(env: Env) -> object:
+    batch = readings(DAY).append_column(
+        "row_uuid", pa.array([str(uuid.uuid4()) for _ in range(24)])
+    )
+    return write(env, batch, table="readings_v2", metadata={"partition_expr": "read_at"})
+
+
+def key_in_another_partition(env: Env) -> object:
+    batch = stored(env, "trips")
+    moved = stored(env, "trips", "2026-01-01")["trip_id"][0].as_py()
+    ids = batch["trip_id"].to_pylist()
+    ids[0] = moved
+    return write(env, replaced(batch, "trip_id", pa.array(ids)), table="trips", mode="merge")
+
+
+# The catalogue ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: what to do, what must be raised (None: accepted), what the message says."""
+
+    act: Callable[[Env], object]
+    error: type[BaseException] | None
+    problem: tuple[str, ...]
+    fix: tuple[str, ...] = ()
+    verify: Callable[[Env], None] | None = None
+
+
+BLOCKED = "blocking check(s) failed on the staged batch"
+RERUN = "Fix the input (or the check), then rerun this partition"
+IDENT = "Use letters, digits and underscores only"
+SCHEMA_FIX = "ALTER TABLE main.raw_trips"
+KEY_FIX = "Fix: pass a key of the definition"
+DB_FIX = "then rerun the partition"
+
+CASES: dict[str, Case] = {
+    "stray-row": Case(
+        stray_row,
+        ia.StrayRowsError,
+        ("1 of 201 rows have 'pickup_at' outside the window",),
+        ("context.partition_time_window",),
+    ),
+    "row-at-window-end": Case(
+        row_at_window_end,
+        ia.StrayRowsError,
+        ("outside the window", "2026-01-03 00:00:00"),
+        ("filter the batch to the run's window",),
+    ),
+    "duplicate-keys": Case(
+        duplicate_keys,
+        ia.DuplicateKeyError,
+        ("1 extra row(s) for keys that appear more than once",),
+        ("'dedupe_order_by': ['updated_at']",),
+    ),
+    "null-key": Case(
+        null_key,
+        ia.NullValueError,
+        ("1 rows have NULL in key column(s) ['trip_id']",),
+        ("fill or drop them",),
+    ),
+    "null-partition-value": Case(
+        null_partition,
+        ia.NullValueError,
+        ("NULL in partition column 'pickup_at'",),
+        ("drop or date those rows",),
+    ),
+    "empty-batch": Case(
+        empty_batch,
+        ia.EmptyBatchError,
+        ("the batch is empty but the window holds 200 rows",),
+        ("metadata={'allow_empty': True}",),
+    ),
+    "missing-column": Case(
+        missing_column,
+        ia.SchemaMismatchError,
+        ("missing columns ['tip']",),
+        (SCHEMA_FIX,),
+    ),
+    "extra-column": Case(
+        extra_column,
+        ia.SchemaMismatchError,
+        ("extra columns ['surcharge']",),
+        (SCHEMA_FIX + " ADD COLUMN",),
+    ),
+    "integer-to-text": Case(
+        integer_to_text,
+        ia.SchemaMismatchError,
+        ("passenger_count: table BIGINT, batch VARCHAR",),
+        ("ALTER COLUMN ... TYPE",),
+    ),
+    "reordered-columns": Case(reordered_columns, None, ()),
+    "tz-aware-into-naive": Case(
+        tz_aware_into_naive,
+        ia.SchemaMismatchError,
+        ("pickup_at: table TIMESTAMP, batch TIMESTAMP",),
+        ("tz_localize(None)",),
+    ),
+    "naive-into-tz-aware": Case(
+        naive_into_tz_aware,
+        ia.SchemaMismatchError,
+        ("read_at: table TIMESTAMP WITH TIME ZONE, batch TIMESTAMP",),
+        ("both aware",),
+    ),
+    "partition-column-as-text": Case(
+        partition_column_as_text,
+        ia.SchemaMismatchError,
+        ("'pickup_at' is VARCHAR, not DATE or TIMESTAMP",),
+        ("pd.to_datetime(df['pickup_at'])",),
+    ),
+    "nan-in-range-checked-column": Case(
+        reading_of(float("nan")),
+        ia.BlockingCheckError,
+        (BLOCKED, "value_between_0_and_100: 1 failing row(s)"),
+        (RERUN,),
+    ),
+    "positive-infinity-in-range": Case(
+        reading_of(float("inf")),
+        ia.BlockingCheckError,
+        (BLOCKED, "value_between_0_and_100: 1 failing row(s)"),
+        (RERUN,),
+    ),
+    "negative-infinity-in-range": Case(
+        reading_of(float("-inf")),
+        ia.BlockingCheckError,
+        (BLOCKED, "value_between_0_and_100: 1 failing row(s)"),
+        (RERUN,),
+    ),
+    "pandas-nan-arrives-as-null": Case(
+        pandas_nan,
+        ia.BlockingCheckError,
+        (BLOCKED, "value_not_null: 1 failing row(s)"),
+        (RERUN,),
+    ),
+    "long-strings-and-unicode": Case(odd_strings, None, (), verify=odd_strings_round_trip),
+    "injection-in-values": Case(injection_values, None, (), verify=injection_values_round_trip),
+    "injection-in-schema": Case(
+        injected_schema,
+        ia.InvalidIdentifierError,
+        ("schema 'main; DROP TABLE trips' is not a plain identifier",),
+        (IDENT,),
+    ),
+    "injection-in-table": Case(
+        injected_table,
+        ia.InvalidIdentifierError,
+        ("table name", "is not a plain identifier"),
+        (IDENT,),
+    ),
+    "injection-in-column": Case(
+        injected_column,
+        ia.InvalidIdentifierError,
+        ("batch column", "is not a plain identifier"),
+        (IDENT, "rename the column"),
+    ),
+    "injection-in-metadata": Case(
+        injected_metadata,
+        ia.InvalidIdentifierError,
+        ("metadata 'partition_expr' (a column name, not an expression)",),
+        (IDENT,),
+    ),
+    "injection-in-partition-key": Case(
+        injected_partition_key,
+        ia.ConfigurationError,
+        ("is not a partition of its DailyPartitionsDefinition",),
+        (KEY_FIX,),
+    ),
+    "key-before-partitions-start": Case(
+        key_before_start,
+        ia.ConfigurationError,
+        ("partition key '2025-12-30' is not a partition", "from 2026-01-01"),
+        (KEY_FIX,),
+    ),
+    "key-not-a-day": Case(
+        key_not_a_day,
+        ia.ConfigurationError,
+        ("partition key '2026-02-30' is not a partition",),
+        (KEY_FIX,),
+    ),
+    "key-spelt-differently": Case(
+        key_spelt_differently,
+        ia.ConfigurationError,
+        ("partition key '2026-1-2' is not a partition", "keys formatted '%Y-%m-%d'"),
+        (KEY_FIX,),
+    ),
+    "missing-landing-file": Case(
+        missing_landing_file,
+        landing.MissingLandingFileError,
+        ("2026-01-02.csv does not exist",),
+        ("Generate it with",),
+    ),
+    "corrupt-landing-file": Case(
+        corrupt_landing_file,
+        landing.CorruptLandingFileError,
+        ("line 4, column passenger_count: 'two' is not int64",),
+        ("Regenerate it with",),
+    ),
+    "truncated-landing-file": Case(
+        truncated_landing_file,
+        landing.CorruptLandingFileError,
+        ("the file is truncated",),
+        ("Regenerate it with",),
+    ),
+    "manifest-sha-disagrees": Case(
+        manifest_sha_disagrees,
+        landing.ManifestMismatchError,
+        ("does not match its manifest",),
+        ("rewrite the manifest or restore the file",),
+    ),
+    "manifest-rows-disagree": Case(
+        manifest_rows_disagree,
+        ia.BlockingCheckError,
+        (BLOCKED, "row_count: 1 of 1 partition"),
+        (RERUN,),
+    ),
+    "landing-file-with-stray-row": Case(
+        landing_stray_row,
+        ia.BlockingCheckError,
+        (BLOCKED, "in_window: 1 failing row(s)"),
+        (RERUN,),
+    ),
+    "untyped-all-null-column": Case(
+        untyped_column,
+        ia.SchemaMismatchError,
+        ("['note'] hold only NULL and have no type",),
+        ("astype('float64')",),
+    ),
+    "duplicate-column-names": Case(
+        duplicate_column_names,
+        ia.SchemaMismatchError,
+        ("more than one column named ['fare']",),
+        ("drop or rename the duplicates",),
+    ),
+    "random-uuid-column": Case(
+        random_uuids,
+        ia.RuntimeValueError,
+        ("holds random or time-based uuids",),
+        ("uuid5 of the row's natural key", "'allow_runtime_columns': ['row_uuid']"),
+    ),
+    "merge-key-in-another-partition": Case(
+        key_in_another_partition,
+        ia.KeyOutsideWindowError,
+        ("1 key(s) of the batch already exist in other partitions",),
+        ("rerun the partition that holds them first",),
+    ),
+    "read-only-connection": Case(
+        read_only_connection,
+        duckdb.InvalidInputException,
+        ("attached in read-only mode",),
+        ("open the database read-write", DB_FIX),
+    ),
+    "immutable-database-file": Case(
+        immutable_file,
+        duckdb.IOException,
+        ("Cannot open file", "Operation not permitted"),
+    ),
+    "full-disk-during-commit": Case(
+        full_disk,
+        duckdb.TransactionException,
+        ("Failed to commit", "No space left on device"),
+        ("free disk space", DB_FIX),
+    ),
+}
+
+
+@pytest.fixture
+def env(template: tuple[Path, Path], tmp_path: Path) -> Iterator[Env]:
+    db, landing_root = template
+    shutil.copy(db, tmp_path / db.name)
+    shutil.copytree(landing_root, tmp_path / "landing")
+    with ExitStack() as stack:
+        yield Env(tmp_path / db.name, tmp_path / "landing", tmp_path, stack)
+
+
+def message(exc: BaseException) -> str:
+    return "\n".join([str(exc), *getattr(exc, "__notes__", [])])
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_bad_input_is_refused_names_the_fix_and_leaves_the_database_unchanged(
+    env: Env, case: Case
+) -> None:
+    with connect(env, read_only=True) as conn:
+        before = database_fingerprint(conn)
+
+    if case.error is None:
+        case.act(env)
+        if case.verify is not None:
+            case.verify(env)
+    else:
+        with pytest.raises(case.error) as refused:
+            case.act(env)
+        text = message(refused.value)
+        for fragment in case.problem + case.fix:
+            assert fragment in text, f"{fragment!r} not in the message:\n{text}"
+
+    with connect(env, read_only=True) as conn:
+        assert database_fingerprint(conn) == before
+
+
+def test_every_case_is_in_the_catalogue_document() -> None:
+    text = DOCS.read_text()
+    missing = [name for name in CASES if f"`{name}`" not in text]
+    assert missing == [], f"docs/bad-inputs.md has no row for {missing}"
+
+
+def test_a_full_disk_during_a_checkpointing_commit_is_fatal_but_never_partial(
+    env: Env,
+) -> None:
+    """With a tiny checkpoint threshold the commit itself checkpoints, and that write fails."""
+    with connect(env, read_only=True) as conn:
+        before = database_fingerprint(conn)
+    original = stored(env, "raw_trips")
+    with pytest.raises(duckdb.Error) as failed:
+        full_disk(env, checkpoint_threshold="1KB")
+    assert "No space left on device" in message(failed.value)
+    assert DB_FIX in message(failed.value)
+    with connect(env) as conn:
+        after = database_fingerprint(conn)
+        day = conn.execute(
+            "SELECT count(*) FROM main.raw_trips WHERE pickup_at >= ? AND pickup_at < ?",
+            [datetime(2026, 1, 2), datetime(2026, 1, 3)],
+        ).fetchall()[0][0]
+    # Old or new, never a mix: the old 200 rows, or the whole 12,000-row batch.
+    assert after == before or day == 60 * original.num_rows
