@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test test-fast dev lint bench clean browser-deps
+.PHONY: demo test test-fast test-full dev lint bench clean browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
 test: $(STAMP) browser-deps
 	bash scripts/run_tests.sh
+
+# The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples.
+test-full: $(STAMP)
+	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider
 
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
 browser-deps:
@@ -42,3 +46,15 @@ lint: $(STAMP)
 
 clean:
 	rm -rf .data $(DAGSTER_HOME)
+
+# Backfills (docs/backfills.md). Dagster 1.13 applies pools.default_limit only after a pool's first
+# dequeue pass, so set the warehouse slot explicitly once per DAGSTER_HOME, before the first run.
+.PHONY: pools test-backfills bench-backfills
+pools: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster instance concurrency set duckdb_warehouse 1
+
+test-backfills: $(STAMP)
+	$(BIN)/python -m pytest tests/e2e/test_backfills.py -q -p no:cacheprovider -x -s
+
+bench-backfills: $(STAMP)
+	$(BIN)/python benchmarks/backfill_wall_time.py

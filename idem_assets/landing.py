@@ -236,6 +236,15 @@ def landing_fingerprint(root: Path, day: date) -> str | None:
         return None
 
 
+def manifest_rows(root: Path, day: date) -> int:
+    """Return the rows the day's manifest declares, reading the manifest only, never the CSV.
+
+    Raises:
+        ManifestMismatchError: The manifest is missing or invalid.
+    """
+    return _read_manifest(root, day).rows
+
+
 def list_days(root: Path) -> list[date]:
     """Return the days that have a manifest under ``root``, sorted."""
     directory = Path(root) / TRIPS_DIR

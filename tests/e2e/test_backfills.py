@@ -1,0 +1,431 @@
+"""Backfills of the real code location through the real daemon: limits, order, idempotency.
+
+One DAGSTER_HOME and one warehouse are shared by the phases below, in this order:
+
+1. 15 partitions of raw_trips, one run per partition, with the warehouse pool raised to 3 so the
+   run queue (max_concurrent_runs 3 and the backfill tag limit) is the binding limit.
+2. The same backfill with the pool at its real limit 1: warehouse runs never overlap, and every
+   partition's fingerprint is unchanged.
+3. A chunked asset backfill of the whole group: one run for raw_trips, trips and
+   daily_zone_revenue (multi_run(31) covers 15 days), then one run for revenue_running_total.
+4. ``dagster job backfill -j taxi_daily`` from the CLI: one run per day, oldest first.
+5. ``dagster asset materialize --partition-range`` of revenue_running_total: one run.
+
+After each phase the warehouse reconciles with the manifests and the fingerprints are unchanged.
+"""
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import duckdb
+import pytest
+import yaml
+
+import idem_assets as ia
+from idem_assets import landing
+from idem_assets.defs.partitions import DAILY, WAREHOUSE_POOL
+from idem_assets.defs.reconciliation import (
+    RECONCILE_CHECK,
+    manifest_counts,
+    reconcile,
+    rows_per_day,
+)
+
+# Relative, because tests/ has no __init__.py (see test_harness.py).
+from .dagster_services import (
+    TERMINAL_RUN_STATUSES,
+    DagsterGraphQLClient,
+    DagsterServices,
+    RunRecord,
+    ServicesError,
+    max_overlap,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODULE = "idem_assets.definitions"
+JOB = "taxi_daily"
+FIRST_DAY = date(2026, 1, 1)
+DAYS = 15
+ROWS_PER_DAY = 200
+PARTITIONS = [(FIRST_DAY + timedelta(days=i)).isoformat() for i in range(DAYS)]
+MAX_CONCURRENT_RUNS = 3
+BACKFILL_TICK_S = 1.0
+# The four tables and the column each is partitioned on.
+TABLES = {
+    "raw_trips": "pickup_at",
+    "trips": "pickup_at",
+    "daily_zone_revenue": "day",
+    "revenue_running_total": "day",
+}
+GROUP = list(TABLES)
+# The test's own runs skip the per-step subprocess (3-8 s per step on a 2-core machine); the
+# queue, the pool, the IO managers and the checks are the same as with the default executor.
+IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
+
+_LAUNCH = """
+mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId launchedRunIds }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+_EVENTS = """
+query Events($runId: ID!, $cursor: String) {
+  logsForRun(runId: $runId, afterCursor: $cursor) {
+    __typename
+    ... on EventConnection {
+      cursor
+      hasMore
+      events {
+        __typename
+        ... on MessageEvent { timestamp stepKey eventType }
+        ... on AssetCheckEvaluationEvent { evaluation { checkName success } }
+      }
+    }
+    ... on PythonError { message }
+  }
+}
+"""
+
+_RUN_ASSETS = """
+query RunAssets($runId: ID!) {
+  runOrError(runId: $runId) {
+    __typename
+    ... on Run { assetSelection { path } }
+  }
+}
+"""
+
+
+def instance_yaml() -> str:
+    """The repository's dagster.yaml, with only the queue's polling made faster for the test."""
+    config = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
+    runs = config["concurrency"]["runs"]
+    assert runs["max_concurrent_runs"] == MAX_CONCURRENT_RUNS
+    assert config["concurrency"]["pools"] == {"default_limit": 1, "granularity": "run"}
+    config["run_queue"] = {**config.get("run_queue", {}), "dequeue_interval_seconds": 1}
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+@dataclass(frozen=True)
+class RunEvents:
+    """What one run's event log says about its timing, its steps and its checks."""
+
+    starting: float | None
+    steps: list[tuple[str, float, float]]
+    checks: dict[str, bool]
+
+
+def run_events(client: DagsterGraphQLClient, run_id: str) -> RunEvents:
+    """Read a run's whole event log through GraphQL."""
+    cursor: str | None = None
+    starting: float | None = None
+    started: dict[str, float] = {}
+    steps: list[tuple[str, float, float]] = []
+    checks: dict[str, bool] = {}
+    while True:
+        payload = client.execute(_EVENTS, {"runId": run_id, "cursor": cursor})["logsForRun"]
+        assert payload["__typename"] == "EventConnection", payload
+        for event in payload["events"]:
+            if "evaluation" in event:
+                checks[event["evaluation"]["checkName"]] = event["evaluation"]["success"]
+            kind, step = event.get("eventType"), event.get("stepKey")
+            if kind is None:
+                continue
+            at = float(event["timestamp"]) / 1000
+            if kind == "RUN_STARTING":
+                starting = at
+            elif kind == "STEP_START":
+                started[step] = at
+            elif kind in ("STEP_SUCCESS", "STEP_FAILURE") and step in started:
+                steps.append((step, started[step], at))
+        cursor = payload["cursor"]
+        if not payload["hasMore"]:
+            return RunEvents(starting, steps, checks)
+
+
+def in_progress(records: Sequence[RunRecord], events: Mapping[str, RunEvents]) -> list[RunRecord]:
+    """Runs as the queue counts them: in progress from launch (STARTING), not from RUN_START."""
+    return [
+        RunRecord(
+            r.run_id, r.status, r.tags, r.creation_time, events[r.run_id].starting, r.end_time
+        )
+        for r in records
+    ]
+
+
+def step_windows(events: Mapping[str, RunEvents]) -> list[RunRecord]:
+    """Every step of every run as an interval; a step opens the warehouse file only inside it."""
+    return [
+        RunRecord(f"{run_id}/{step}", "", {}, start, start, end)
+        for run_id, run in events.items()
+        for step, start, end in run.steps
+    ]
+
+
+def run_assets(client: DagsterGraphQLClient, run_id: str) -> list[str]:
+    """The asset keys a run materializes."""
+    run = client.execute(_RUN_ASSETS, {"runId": run_id})["runOrError"]
+    return sorted("/".join(key["path"]) for key in run["assetSelection"] or [])
+
+
+def launch_one_run_per_partition(
+    services: DagsterServices,
+    assets: Sequence[str],
+    partitions: Sequence[str],
+    run_config: Mapping[str, Any] = IN_PROCESS,
+) -> str:
+    """Launch a job backfill of taxi_daily narrowed to ``assets`` as one run per partition.
+
+    The UI's job backfill applies the job's backfill policy (its assets' strictest, 31 days) and
+    would make one run of 15 days. ``forceSynchronousSubmission`` makes the webserver create one
+    run per partition, the same runs ``dagster job backfill`` creates, and queue them; the
+    daemon's run queue launches them under dagster.yaml's limits. It records no backfill, so the
+    runs are found by their dagster/backfill tag.
+    """
+    params = {
+        "selector": {
+            "partitionSetName": f"{JOB}_partition_set",
+            "repositorySelector": {
+                "repositoryName": "__repository__",
+                "repositoryLocationName": services.location_name,
+            },
+        },
+        "assetSelection": [{"path": key.split("/")} for key in assets],
+        "partitionNames": list(partitions),
+        "forceSynchronousSubmission": True,
+        "runConfigData": dict(run_config),
+    }
+    payload = services.client.execute(_LAUNCH, {"params": params})["launchPartitionBackfill"]
+    assert payload["__typename"] == "LaunchBackfillSuccess", payload
+    assert len(payload["launchedRunIds"]) == len(partitions)
+    return payload["backfillId"]
+
+
+def wait_for_runs(
+    services: DagsterServices, backfill_id: str, count: int, timeout_s: float
+) -> list[RunRecord]:
+    """Wait until ``count`` runs of the backfill exist and all have finished."""
+    deadline = time.monotonic() + timeout_s
+    records: list[RunRecord] = []
+    while time.monotonic() < deadline:
+        records = services.client.runs_for_backfill(backfill_id)
+        if len(records) >= count and all(r.status in TERMINAL_RUN_STATUSES for r in records):
+            return records
+        time.sleep(0.5)
+    summary = ", ".join(f"{r.partition}={r.status}" for r in records) or "no runs"
+    raise ServicesError(f"Runs of {backfill_id} not finished: {summary}\n{services.log_tails()}")
+
+
+def set_pool_limit(services: DagsterServices, limit: int) -> None:
+    """Set the warehouse pool's slots with the CLI, as an operator would."""
+    services.run_cli(["instance", "concurrency", "set", WAREHOUSE_POOL, str(limit)])
+
+
+def fingerprints(database: Path, tables: Sequence[str] = GROUP) -> dict[tuple[str, str], str]:
+    """The fingerprint of every (table, day) for the test's days, read without a writer lock."""
+    result: dict[tuple[str, str], str] = {}
+    conn = duckdb.connect(str(database), read_only=True)
+    try:
+        for table in tables:
+            for day in PARTITIONS:
+                window = ia.window_from_keys(DAILY, [day], table)
+                fp = ia.table_fingerprint(conn, "main", table, TABLES[table], window)
+                assert fp is not None, f"table {table} does not exist"
+                result[(table, day)] = fp
+    finally:
+        conn.close()
+    return result
+
+
+def assert_reconciles(database: Path, landing_dir: Path) -> None:
+    """raw_trips holds each day's manifest rows, 15 x 200 in all."""
+    conn = duckdb.connect(str(database), read_only=True)
+    try:
+        actual = rows_per_day(conn, "main", "raw_trips", "pickup_at")
+    finally:
+        conn.close()
+    result = reconcile(actual, manifest_counts(landing_dir))
+    assert result.passed, result.markdown()
+    assert result.counts()["ok"] == DAYS
+    assert sum(actual.values()) == DAYS * ROWS_PER_DAY == 3000
+
+
+def summary(
+    records: Sequence[RunRecord], events: Mapping[str, RunEvents], launched_at: float
+) -> dict[str, Any]:
+    """Numbers worth printing for one backfill."""
+    ends = [r.end_time for r in records if r.end_time is not None]
+    return {
+        "runs": len(records),
+        "wall_s": round(max(ends) - launched_at, 1),
+        "overlap_started": max_overlap(records),
+        "overlap_in_progress": max_overlap(in_progress(records, events)),
+        "overlap_steps": max_overlap(step_windows(events)),
+    }
+
+
+@pytest.fixture
+def landing_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "landing"
+    landing.generate(root, FIRST_DAY, FIRST_DAY + timedelta(days=DAYS - 1), rows=ROWS_PER_DAY)
+    return root
+
+
+@pytest.fixture
+def services(tmp_path: Path, landing_dir: Path) -> Iterator[DagsterServices]:
+    services = DagsterServices(
+        dagster_home=tmp_path / "dagster_home",
+        dagster_yaml=instance_yaml(),
+        module=MODULE,
+        working_directory=REPO_ROOT,
+        env={
+            "IDEM_LANDING_DIR": str(landing_dir),
+            "IDEM_DUCKDB_PATH": str(tmp_path / "warehouse.duckdb"),
+        },
+        backfill_interval_seconds=BACKFILL_TICK_S,
+    )
+    services.start()
+    try:
+        yield services
+    finally:
+        services.stop()
+    assert services.leftover_processes() == []
+
+
+def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
+    services: DagsterServices, landing_dir: Path, tmp_path: Path
+) -> None:
+    client = services.client
+    database = tmp_path / "warehouse.duckdb"
+    measured: dict[str, Any] = {}
+
+    # 1. Pool raised for this phase only, so the run queue is what limits the overlap.
+    set_pool_limit(services, MAX_CONCURRENT_RUNS)
+    launched_at = time.time()
+    backfill_id = launch_one_run_per_partition(services, ["raw_trips"], PARTITIONS)
+    records = wait_for_runs(services, backfill_id, DAYS, timeout_s=600)
+    events = {r.run_id: run_events(client, r.run_id) for r in records}
+    measured["per_partition_pool_3"] = summary(records, events, launched_at)
+
+    assert [r.status for r in records] == ["SUCCESS"] * DAYS
+    assert sorted(r.partition or "" for r in records) == PARTITIONS
+    assert all(r.tags["dagster/backfill"] == backfill_id for r in records)
+    # The queue starts several at once, and never more than its limit.
+    assert 2 <= measured["per_partition_pool_3"]["overlap_in_progress"] <= MAX_CONCURRENT_RUNS
+    assert_reconciles(database, landing_dir)
+    first = fingerprints(database, ["raw_trips"])
+
+    # 2. The real pool limit: the same backfill again, never two warehouse runs at once.
+    set_pool_limit(services, 1)
+    launched_at = time.time()
+    backfill_id = launch_one_run_per_partition(services, ["raw_trips"], PARTITIONS)
+    records = wait_for_runs(services, backfill_id, DAYS, timeout_s=600)
+    events = {r.run_id: run_events(client, r.run_id) for r in records}
+    measured["per_partition_pool_1"] = summary(records, events, launched_at)
+
+    assert [r.status for r in records] == ["SUCCESS"] * DAYS
+    assert measured["per_partition_pool_1"]["overlap_in_progress"] == 1
+    assert measured["per_partition_pool_1"]["overlap_steps"] == 1
+    # The queue is FIFO, so the runs start in the order the days were submitted.
+    by_start = sorted(records, key=lambda r: r.start_time or 0)
+    assert [r.partition for r in by_start] == PARTITIONS
+    assert fingerprints(database, ["raw_trips"]) == first
+    assert_reconciles(database, landing_dir)
+    assert all(e.checks.get(RECONCILE_CHECK) for e in events.values()), events
+
+    # 3. Chunked: the asset backfill uses each asset's policy.
+    launched_at = time.time()
+    backfill_id = client.launch_partition_backfill(
+        GROUP, PARTITIONS, location=services.location_name
+    )
+    result = client.wait_for_backfill(backfill_id, timeout_s=300)
+    records = client.runs_for_backfill(backfill_id)
+    events = {r.run_id: run_events(client, r.run_id) for r in records}
+    measured["chunked_group"] = summary(records, events, launched_at)
+
+    assert result["status"] == "COMPLETED_SUCCESS", result
+    assert {r.status for r in records} == {"SUCCESS"}
+    assets = {r.run_id: run_assets(client, r.run_id) for r in records}
+    (chunk,) = [r for r in records if assets[r.run_id] != ["revenue_running_total"]]
+    totals = [r for r in records if assets[r.run_id] == ["revenue_running_total"]]
+    measured["chunked_group"]["revenue_running_total_runs"] = len(totals)
+    # One run covers 15 days of the three chunked assets.
+    assert assets[chunk.run_id] == ["daily_zone_revenue", "raw_trips", "trips"]
+    assert chunk.partition == f"{PARTITIONS[0]}...{PARTITIONS[-1]}"
+    # revenue_running_total reads daily_zone_revenue, so it starts after the chunk ended; its
+    # range is one run in almost every case, and runs of it must go oldest first.
+    assert chunk.end_time is not None
+    assert all(t.start_time is not None and t.start_time >= chunk.end_time for t in totals)
+    covered = [
+        day
+        for t in sorted(totals, key=lambda t: t.start_time or 0)
+        for day in DAILY.get_partition_keys_in_range(
+            dg.PartitionKeyRange(*(t.partition or "").split("..."))
+        )
+    ]
+    assert covered == PARTITIONS
+    assert measured["chunked_group"]["overlap_steps"] == 1
+    everything = fingerprints(database)
+    assert {k: v for k, v in everything.items() if k[0] == "raw_trips"} == first
+    assert_reconciles(database, landing_dir)
+
+    # 4. The CLI's job backfill: one run per day of the whole chain, launched oldest first.
+    cli_days = PARTITIONS[-3:]
+    launched_at = time.time()
+    completed = services.run_cli(
+        [
+            "job",
+            "backfill",
+            "-m",
+            MODULE,
+            "-j",
+            JOB,
+            "--partitions",
+            ",".join(cli_days),
+            "--noprompt",
+        ]
+    )
+    backfill_id = completed.stdout.split("Launched backfill job `")[1].split("`")[0]
+    records = wait_for_runs(services, backfill_id, len(cli_days), timeout_s=300)
+    events = {r.run_id: run_events(client, r.run_id) for r in records}
+    measured["cli_job_backfill"] = summary(records, events, launched_at)
+
+    assert {r.partition: r.status for r in records} == dict.fromkeys(cli_days, "SUCCESS")
+    by_start = sorted(records, key=lambda r: r.start_time or 0)
+    assert [r.partition for r in by_start] == cli_days
+    assert measured["cli_job_backfill"]["overlap_in_progress"] == 1
+    assert fingerprints(database) == everything
+
+    # 5. A range of revenue_running_total in one in-process run from the CLI.
+    started = time.monotonic()
+    services.run_cli(
+        [
+            "asset",
+            "materialize",
+            "-m",
+            MODULE,
+            "--select",
+            "revenue_running_total",
+            "--partition-range",
+            f"{PARTITIONS[4]}...{PARTITIONS[-1]}",
+        ],
+        timeout_s=180,
+    )
+    measured["cli_asset_materialize_range_s"] = round(time.monotonic() - started, 1)
+    assert fingerprints(database) == everything
+    assert_reconciles(database, landing_dir)
+
+    print("\nbackfill measurements: " + json.dumps(measured, indent=2))
