@@ -31,7 +31,7 @@ test-full: $(STAMP)
 browser-deps:
 	bash scripts/install_browser.sh
 
-dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml pools
 	test -d .data/landing/trips || $(BIN)/python -m idem_assets.landing generate --start 2026-01-01 --end 2026-01-31 --rows 1000
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
