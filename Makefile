@@ -33,7 +33,8 @@ browser-deps:
 
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml pools
 	test -d .data/landing/trips || $(BIN)/python -m idem_assets.landing generate --start 2026-01-01 --end 2026-01-31 --rows 1000
-	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
+	# dg dev is the successor of dagster dev (webserver + daemon); VIRTUAL_ENV tells dg which venv runs.
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg dev --host 127.0.0.1 --port 3000
 
 # Prints one table of medians and ratios and rewrites benchmarks/results.md (about 10 minutes).
 bench: $(STAMP)
