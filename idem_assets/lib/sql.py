@@ -31,11 +31,6 @@ def window_predicate(
     return "(" + " OR ".join(parts) + ")", params
 
 
-def create_table_like(target: str, source: str) -> str:
-    """Create ``target`` with ``source``'s columns and types, if it does not exist yet."""
-    return f"CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM {source} LIMIT 0"
-
-
 def delete_window(target: str, column: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
     """Delete the window's rows (the overwrite's first half; never touches other partitions)."""
     pred, params = window_predicate(column, spans)
