@@ -16,6 +16,7 @@ import idem_assets as ia
 import idem_assets.definitions
 from idem_assets import landing
 from idem_assets.defs.partitions import DAILY
+from idem_assets.demo import PARTITION_COLUMN
 
 #: The project root (where pyproject.toml and dagster.yaml live) and the venv's executables.
 REPO = Path(idem_assets.__file__).resolve().parent.parent
@@ -26,13 +27,6 @@ ROWS = 200
 JOB = "taxi_daily"
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-#: The column each table is partitioned on (its metadata's partition_expr).
-PARTITION_COLUMN = {
-    "raw_trips": "pickup_at",
-    "trips": "pickup_at",
-    "daily_zone_revenue": "day",
-    "revenue_running_total": "day",
-}
 
 
 def d(key: str) -> date:
