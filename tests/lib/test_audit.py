@@ -345,3 +345,54 @@ def test_an_audited_asset_must_take_context_first() -> None:
         @ia.audited_asset(checks=[ia.not_null("trip_id")])
         def trips(upstream: pd.DataFrame) -> pd.DataFrame:
             return upstream
+
+
+# Names the library uses internally -------------------------------------------------------------
+
+#: Column names the audit's own SQL once used for its staged batch and its windows table.
+INTERNAL_NAMES = ("key", "w_start", "w_end", "staged", "windows")
+
+
+def test_user_columns_named_like_the_audits_internals_are_checked_like_any_other(
+    tmp_path: Path,
+) -> None:
+    def with_internal_names(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        batch = in_window_trips(context)
+        return batch.assign(**{name: batch["passenger_count"] for name in INTERNAL_NAMES})
+
+    checks = [ia.not_null(name) for name in INTERNAL_NAMES]
+    checks += [ia.between(name, 1, 6) for name in INTERNAL_NAMES]
+    checks += [ia.unique("trip_id", *INTERNAL_NAMES)]
+    db = tmp_path / "w.duckdb"
+    assets = pipeline(with_internal_names, checks=checks)
+
+    first = run(assets, db, "2026-01-02")
+    with read(db) as conn:
+        once = fingerprint(conn)
+    run(assets, db, "2026-01-02")
+
+    assert all(e.passed for e in evaluations(first).values())
+    assert len(evaluations(first)) == len(checks) + 1  # and in_window
+    with read(db) as conn:
+        assert fingerprint(conn) == once
+        assert count(conn, day="2026-01-02") == 1000
+        assert conn.execute("SELECT sum(key), sum(windows) FROM trips").fetchall() == [(3496, 3496)]
+
+
+def test_a_failing_check_on_a_column_named_key_samples_its_rows(tmp_path: Path) -> None:
+    def with_null_key(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        batch = in_window_trips(context).assign(key=1.0)
+        batch.loc[[3, 4], "key"] = None
+        return batch
+
+    result = run(
+        pipeline(with_null_key, checks=[ia.not_null("key")]),
+        tmp_path / "w.duckdb",
+        "2026-01-02",
+        raise_on_error=False,
+    )
+
+    evaluation = evaluations(result)["key_not_null"]
+    assert not evaluation.passed
+    assert evaluation.metadata["failing"].value == 2
+    assert evaluation.metadata["failing_sample"].value.count("| None |") == 2
