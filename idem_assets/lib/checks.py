@@ -65,7 +65,7 @@ def _num(value: float) -> str:
 
 
 def _check_name(name: str) -> str:
-    # Dagster names allow only letters, digits and underscores.
+    # Dagster names allow only ASCII letters, digits and underscores; columns may be in any script.
     return re.sub(r"[^A-Za-z0-9_]", "_", name.replace("-", "minus_"))
 
 
@@ -113,7 +113,7 @@ def not_null(*columns: str, name: str | None = None, blocking: bool = True) -> C
     """No NULL in any of ``columns``."""
     cols = _cols(columns)
     return Check(
-        name=name or f"{'_'.join(cols)}_not_null",
+        name=name or _check_name(f"{'_'.join(cols)}_not_null"),
         description=f"No NULL in {', '.join(cols)}",
         kind="not_null",
         columns=cols,
@@ -125,7 +125,7 @@ def unique(*columns: str, name: str | None = None, blocking: bool = True) -> Che
     """No two rows of the batch share ``columns``."""
     cols = _cols(columns)
     return Check(
-        name=name or f"{'_'.join(cols)}_unique",
+        name=name or _check_name(f"{'_'.join(cols)}_unique"),
         description=f"No duplicate ({', '.join(cols)}) in the batch",
         kind="unique",
         columns=cols,
@@ -155,7 +155,7 @@ def freshness(
     """The newest ``column`` value of each partition lies within ``max_lag`` of its end."""
     (col,) = _cols([column])
     return Check(
-        name=name or f"{col}_freshness",
+        name=name or _check_name(f"{col}_freshness"),
         description=f"Newest {col} within {max_lag} of the end of its partition",
         kind="freshness",
         columns=(col,),

@@ -396,3 +396,23 @@ def test_a_failing_check_on_a_column_named_key_samples_its_rows(tmp_path: Path) 
     assert not evaluation.passed
     assert evaluation.metadata["failing"].value == 2
     assert evaluation.metadata["failing_sample"].value.count("| None |") == 2
+
+
+def test_checks_on_non_ascii_columns_get_valid_check_names(tmp_path: Path) -> None:
+    def spanish(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        return in_window_trips(context).rename(columns={"fare": "tarifa_é"})
+
+    checks = [
+        ia.not_null("tarifa_é"),
+        ia.unique("trip_id", "tarifa_é"),
+        ia.between("tarifa_é", 0, 60),
+    ]
+    result = run(pipeline(spanish, checks=checks), tmp_path / "w.duckdb", "2026-01-02")
+
+    assert sorted(evaluations(result)) == [
+        "in_window",
+        "tarifa___between_0_and_60",
+        "tarifa___not_null",
+        "trip_id_tarifa___unique",
+    ]
+    assert all(e.passed for e in evaluations(result).values())

@@ -178,7 +178,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     )
     for day in DAYS[:2]:
         materialize(env, [readings_asset(readings)], day)
-    # A TIMESTAMPTZ partition column, a second schema, and a table of unusual strings.
+    # A TIMESTAMPTZ partition column, a second schema, tables of unusual strings and names.
     tz_batch = readings(DAY).set_column(
         1, "read_at", pa.array([datetime(2026, 1, 2, h, tzinfo=UTC) for h in range(24)])
     )
@@ -193,6 +193,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         keys=("2026-01-01",),
     )
     write(env, notes(DAY, INJECTION_VALUES), table="notes", metadata={"partition_expr": "noted_at"})
+    write(env, tarifas(), table="tarifas", metadata={"partition_expr": "read_at"})
     return env.db, env.landing
 
 
@@ -462,6 +463,47 @@ def random_uuids(env: Env) -> object:
     return write(env, batch, table="readings_v2", metadata={"partition_expr": "read_at"})
 
 
+def column_with_trailing_newline(env: Env) -> object:
+    return write(env, stored(env, "raw_trips").rename_columns({"fare": "fare\n"}))
+
+
+def tarifas() -> pa.Table:
+    return readings(DAY).rename_columns({"value": "tarifa_é"})
+
+
+def non_ascii_column(env: Env) -> object:
+    return write(env, tarifas(), table="tarifas", metadata={"partition_expr": "read_at"})
+
+
+def non_ascii_column_round_trip(env: Env) -> None:
+    with connect(env, read_only=True) as conn:
+        got = conn.execute('SELECT "tarifa_é" FROM main.tarifas ORDER BY read_at').fetchall()
+    assert [r[0] for r in got] == readings(DAY)["value"].to_pylist()
+
+
+def checks_on_internal_names(env: Env) -> object:
+    names = ("key", "w_start", "w_end", "staged", "windows")
+
+    def values(day: str) -> pa.Table:
+        batch = readings(day, 120.0)
+        for name in names:
+            batch = batch.append_column(name, batch["value"])
+        return batch
+
+    @ia.audited_asset(
+        name="readings",
+        partitions_def=DAILY,
+        io_manager_key="overwrite_io_manager",
+        metadata={"partition_expr": "read_at"},
+        checks=[ia.between(name, 0, 100) for name in names],
+    )
+    def asset(context: dg.AssetExecutionContext) -> pa.Table:
+        """Readings whose columns are named like the audit's own relations."""
+        return values(context.partition_key)
+
+    return materialize(env, [asset])
+
+
 def key_in_another_partition(env: Env) -> object:
     batch = stored(env, "trips")
     moved = stored(env, "trips", "2026-01-01")["trip_id"][0].as_py()
@@ -692,6 +734,19 @@ CASES: dict[str, Case] = {
         ia.RuntimeValueError,
         ("holds random or time-based uuids",),
         ("uuid5 of the row's natural key", "'allow_runtime_columns': ['row_uuid']"),
+    ),
+    "column-name-with-trailing-newline": Case(
+        column_with_trailing_newline,
+        ia.InvalidIdentifierError,
+        ("batch column 'fare\\n' is not a plain identifier",),
+        (IDENT, "Fix: rename the column or table, e.g. to 'fare'"),
+    ),
+    "non-ascii-column-name": Case(non_ascii_column, None, (), verify=non_ascii_column_round_trip),
+    "checks-on-columns-named-like-internals": Case(
+        checks_on_internal_names,
+        ia.BlockingCheckError,
+        (BLOCKED, "key_between_0_and_100: 1 failing row(s)", "windows_between_0_and_100: 1"),
+        (RERUN,),
     ),
     "merge-key-in-another-partition": Case(
         key_in_another_partition,
