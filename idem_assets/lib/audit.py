@@ -31,7 +31,13 @@ from idem_assets.lib.checks import (
 from idem_assets.lib.duckdb_publish import column_types, to_arrow
 from idem_assets.lib.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.identifiers import quote
-from idem_assets.lib.settings import DEDUPE_ORDER_BY, PARTITION_EXPR, PRIMARY_KEY, _raw
+from idem_assets.lib.settings import (
+    DEDUPE_ORDER_BY,
+    PARTITION_EXPR,
+    PRIMARY_KEY,
+    _raw,
+    partition_column,
+)
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for, window_from_keys
 
 # The audit's own relations and columns sit next to the user's columns in one query. Each name
@@ -315,7 +321,7 @@ def audited_asset(
         prefix = [prefix] if isinstance(prefix, str) else list(prefix)
         asset_key = dg.AssetKey.from_coercible(asset_kwargs.get("key") or [*prefix, name])
         metadata = dict(asset_kwargs.get("metadata") or {})
-        partition_expr = metadata.get(PARTITION_EXPR)
+        partition_expr = partition_column(metadata.get(PARTITION_EXPR), asset_key.to_user_string())
         all_checks = list(checks)
         if partition_expr and asset_kwargs.get("partitions_def") is not None:
             all_checks.append(in_window(partition_expr))

@@ -504,6 +504,11 @@ def checks_on_internal_names(env: Env) -> object:
     return materialize(env, [asset])
 
 
+def dict_partition_expr(env: Env) -> object:
+    metadata = {"partition_expr": {"date": "pickup_at", "zone": "pickup_zone"}}
+    return write(env, stored(env, "raw_trips"), metadata=metadata)
+
+
 def key_in_another_partition(env: Env) -> object:
     batch = stored(env, "trips")
     moved = stored(env, "trips", "2026-01-01")["trip_id"][0].as_py()
@@ -747,6 +752,12 @@ CASES: dict[str, Case] = {
         ia.BlockingCheckError,
         (BLOCKED, "key_between_0_and_100: 1 failing row(s)", "windows_between_0_and_100: 1"),
         (RERUN,),
+    ),
+    "dict-partition-expr": Case(
+        dict_partition_expr,
+        ia.ConfigurationError,
+        ("does not support multi-dimensional partitions yet",),
+        ("metadata={'partition_expr': 'pickup_at'}", "keep the other dimension"),
     ),
     "merge-key-in-another-partition": Case(
         key_in_another_partition,
