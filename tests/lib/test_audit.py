@@ -416,3 +416,55 @@ def test_checks_on_non_ascii_columns_get_valid_check_names(tmp_path: Path) -> No
         "trip_id_tarifa___unique",
     ]
     assert all(e.passed for e in evaluations(result).values())
+
+
+def with_dates(context: dg.AssetExecutionContext) -> pd.DataFrame:
+    """Trips dated by a DATE column, each reported the day after its pickup."""
+    batch = in_window_trips(context)
+    return batch.assign(
+        service_date=batch["pickup_at"].dt.date,
+        reported_on=(batch["pickup_at"] + timedelta(days=1)).dt.date,
+    )
+
+
+def test_freshness_on_a_date_column_counts_each_date_as_the_end_of_its_day(
+    tmp_path: Path,
+) -> None:
+    fresh = ia.freshness("service_date", timedelta(hours=1))
+    late = ia.freshness("reported_on", timedelta(hours=1), blocking=False)
+    metadata = {"partition_expr": "service_date"}
+    db = tmp_path / "w.duckdb"
+
+    result = run(pipeline(with_dates, [fresh, late], metadata), db, "2026-01-02")
+
+    checks = evaluations(result)
+    assert checks[fresh.name].passed
+    assert checks[fresh.name].metadata["per_partition"].value == {
+        "2026-01-02": {"newest": "2026-01-02", "lag": "0:00:00"}
+    }
+    # A date after the window's end is newer than its end: a negative lag, which passes.
+    assert checks[late.name].metadata["per_partition"].value == {
+        "2026-01-02": {"newest": "2026-01-03", "lag": "-1 day, 0:00:00"}
+    }
+    with read(db) as conn:
+        assert count(conn, day="2026-01-02") == 1000
+
+
+def test_freshness_on_a_date_column_fails_a_day_whose_newest_date_is_earlier(
+    tmp_path: Path,
+) -> None:
+    def a_day_late(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        batch = with_dates(context)
+        return batch.assign(reported_on=(batch["pickup_at"] - timedelta(days=1)).dt.date)
+
+    check = ia.freshness("reported_on", timedelta(hours=1))
+    result = run(
+        pipeline(a_day_late, [check]), tmp_path / "w.duckdb", "2026-01-02", raise_on_error=False
+    )
+
+    evaluation = evaluations(result)[check.name]
+    assert not evaluation.passed
+    assert evaluation.metadata["detail"].value == "1 of 1 partition(s) failed: 2026-01-02"
+    assert evaluation.metadata["per_partition"].value == {
+        "2026-01-02": {"newest": "2026-01-01", "lag": "1 day, 0:00:00"}
+    }

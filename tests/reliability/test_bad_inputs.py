@@ -115,13 +115,15 @@ def resources(env: Env) -> dict[str, Any]:
     }
 
 
-def readings_asset(values: Callable[[str], pa.Table | pd.DataFrame]) -> dg.AssetsDefinition:
+def readings_asset(
+    values: Callable[[str], pa.Table | pd.DataFrame], checks: list[ia.Check] = READINGS_CHECKS
+) -> dg.AssetsDefinition:
     @ia.audited_asset(
         name="readings",
         partitions_def=DAILY,
         io_manager_key="overwrite_io_manager",
         metadata={"partition_expr": "read_at"},
-        checks=READINGS_CHECKS,
+        checks=checks,
     )
     def readings(context: dg.AssetExecutionContext) -> pa.Table | pd.DataFrame:
         """Meter readings, one per hour."""
@@ -490,18 +492,18 @@ def checks_on_internal_names(env: Env) -> object:
             batch = batch.append_column(name, batch["value"])
         return batch
 
-    @ia.audited_asset(
-        name="readings",
-        partitions_def=DAILY,
-        io_manager_key="overwrite_io_manager",
-        metadata={"partition_expr": "read_at"},
-        checks=[ia.between(name, 0, 100) for name in names],
-    )
-    def asset(context: dg.AssetExecutionContext) -> pa.Table:
-        """Readings whose columns are named like the audit's own relations."""
-        return values(context.partition_key)
+    checks = [ia.between(name, 0, 100) for name in names]
+    return materialize(env, [readings_asset(values, checks)])
 
-    return materialize(env, [asset])
+
+def stale_date_column(env: Env) -> object:
+    def values(day: str) -> pa.Table:
+        batch = readings(day)
+        reported = [t.date() - timedelta(days=1) for t in batch["read_at"].to_pylist()]
+        return batch.append_column("reported_on", pa.array(reported, pa.date32()))
+
+    checks = [ia.freshness("reported_on", timedelta(hours=6))]
+    return materialize(env, [readings_asset(values, checks)])
 
 
 def dict_partition_expr(env: Env) -> object:
@@ -751,6 +753,12 @@ CASES: dict[str, Case] = {
         checks_on_internal_names,
         ia.BlockingCheckError,
         (BLOCKED, "key_between_0_and_100: 1 failing row(s)", "windows_between_0_and_100: 1"),
+        (RERUN,),
+    ),
+    "freshness-on-a-date-column": Case(
+        stale_date_column,
+        ia.BlockingCheckError,
+        (BLOCKED, "reported_on_freshness: 1 of 1 partition(s) failed: 2026-01-02"),
         (RERUN,),
     ),
     "dict-partition-expr": Case(
