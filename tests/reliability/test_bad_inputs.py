@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import dagster as dg
 import duckdb
@@ -107,6 +108,40 @@ def write(
         return ia.publish(conn, arrow, write_settings, window, now=NOW)
 
 
+HOURLY_NY = dg.HourlyPartitionsDefinition(
+    start_date="2026-10-31-00:00", timezone="America/New_York"
+)
+#: Dagster's key for the second 01:00 of the fall-back day in New York (06:00 UTC).
+SECOND_ONE_AM = "2026-11-01-01:00-0500"
+
+
+def meter(key: str, to_column: Callable[[datetime], Any]) -> pa.Table:
+    """Four readings in the hourly New York partition ``key``, dated by ``to_column``."""
+    start = HOURLY_NY.time_window_for_partition_key(key).start.astimezone(UTC)
+    times = [start + timedelta(minutes=15 * i) for i in range(4)]
+    return pa.table(
+        {
+            "reading_id": [f"{key}/{i}" for i in range(4)],
+            "read_at": pa.array([to_column(t) for t in times]),
+            "value": pa.array([1.0, 2.0, 3.0, 4.0]),
+        }
+    )
+
+
+def write_hourly(env: Env, batch: pa.Table, key: str, table: str) -> ia.PublishResult:
+    """Publish ``batch`` into one hourly New York partition of ``table``."""
+    write_settings = ia.resolve_settings(
+        asset_key=dg.AssetKey([table]),
+        metadata={"partition_expr": "read_at"},
+        mode="overwrite",
+        default_schema="main",
+        partitioned=True,
+    )
+    window = ia.window_from_keys(HOURLY_NY, [key], table)
+    with connect(env) as conn:
+        return ia.publish(conn, batch, write_settings, window, now=NOW)
+
+
 def resources(env: Env) -> dict[str, Any]:
     return {
         "landing": LandingZone(root=str(env.landing)),
@@ -196,6 +231,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     )
     write(env, notes(DAY, INJECTION_VALUES), table="notes", metadata={"partition_expr": "noted_at"})
     write(env, tarifas(), table="tarifas", metadata={"partition_expr": "read_at"})
+    write_hourly(env, meter(SECOND_ONE_AM, lambda t: t), SECOND_ONE_AM, "meter_tz")
     return env.db, env.landing
 
 
@@ -506,6 +542,25 @@ def stale_date_column(env: Env) -> object:
     return materialize(env, [readings_asset(values, checks)])
 
 
+def fall_back_hour_key(env: Env) -> object:
+    return write_hourly(env, meter(SECOND_ONE_AM, lambda t: t), SECOND_ONE_AM, "meter_tz")
+
+
+def new_york_wall_clock(t: datetime) -> datetime:
+    return t.astimezone(ZoneInfo(HOURLY_NY.timezone)).replace(tzinfo=None)
+
+
+def repeated_hour_on_naive_column(env: Env) -> object:
+    batch = meter(SECOND_ONE_AM, new_york_wall_clock)
+    return write_hourly(env, batch, SECOND_ONE_AM, "meter_naive")
+
+
+def hourly_partitions_on_date_column(env: Env) -> object:
+    key = "2026-11-01-05:00"
+    batch = meter(key, lambda t: new_york_wall_clock(t).date())
+    return write_hourly(env, batch, key, "meter_daily")
+
+
 def dict_partition_expr(env: Env) -> object:
     metadata = {"partition_expr": {"date": "pickup_at", "zone": "pickup_zone"}}
     return write(env, stored(env, "raw_trips"), metadata=metadata)
@@ -760,6 +815,19 @@ CASES: dict[str, Case] = {
         ia.BlockingCheckError,
         (BLOCKED, "reported_on_freshness: 1 of 1 partition(s) failed: 2026-01-02"),
         (RERUN,),
+    ),
+    "fall-back-hour-key": Case(fall_back_hour_key, None, ()),
+    "repeated-hour-on-naive-column": Case(
+        repeated_hour_on_naive_column,
+        ia.ConfigurationError,
+        ("2026-11-01T01:00:00-05:00", "cannot tell the two 01:00 hours apart"),
+        ("Fix: store the column as TIMESTAMPTZ", "or use UTC partitions"),
+    ),
+    "hourly-partitions-on-date-column": Case(
+        hourly_partitions_on_date_column,
+        ia.ConfigurationError,
+        ("the partition column is DATE", "finer than the column's resolution"),
+        ("Fix: make the partition column a TIMESTAMP", "dg.DailyPartitionsDefinition"),
     ),
     "dict-partition-expr": Case(
         dict_partition_expr,
