@@ -22,6 +22,7 @@ import dagster as dg
 import duckdb
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import idem_assets as ia
@@ -561,6 +562,25 @@ def hourly_partitions_on_date_column(env: Env) -> object:
     return write_hourly(env, batch, key, "meter_daily")
 
 
+def missing_upstream_partition(env: Env) -> object:
+    @dg.asset(
+        partitions_def=DAILY,
+        io_manager_key="overwrite_io_manager",
+        metadata={"partition_expr": "read_at"},
+    )
+    def high_readings(readings: pa.Table) -> pa.Table:
+        """Readings above 50."""
+        return readings.filter(pc.greater(readings["value"], 50))
+
+    # The template materialised readings for 2026-01-01 and 2026-01-02 only.
+    dg.materialize(
+        [readings_asset(readings), high_readings],
+        resources=resources(env),
+        partition_key="2026-01-03",
+        selection=[high_readings],
+    )
+
+
 def dict_partition_expr(env: Env) -> object:
     metadata = {"partition_expr": {"date": "pickup_at", "zone": "pickup_zone"}}
     return write(env, stored(env, "raw_trips"), metadata=metadata)
@@ -828,6 +848,12 @@ CASES: dict[str, Case] = {
         ia.ConfigurationError,
         ("the partition column is DATE", "finer than the column's resolution"),
         ("Fix: make the partition column a TIMESTAMP", "dg.DailyPartitionsDefinition"),
+    ),
+    "missing-upstream-partition": Case(
+        missing_upstream_partition,
+        ia.MissingUpstreamError,
+        ("partition(s) ['2026-01-03'] of 'readings' were never materialised",),
+        ("Fix: materialise 'readings' for those partition(s) first",),
     ),
     "dict-partition-expr": Case(
         dict_partition_expr,
