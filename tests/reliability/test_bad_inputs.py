@@ -9,6 +9,7 @@ table of unusual strings). Each case runs on a fresh copy of that file.
 
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -233,6 +234,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     write(env, notes(DAY, INJECTION_VALUES), table="notes", metadata={"partition_expr": "noted_at"})
     write(env, tarifas(), table="tarifas", metadata={"partition_expr": "read_at"})
     write_hourly(env, meter(SECOND_ONE_AM, lambda t: t), SECOND_ONE_AM, "meter_tz")
+    write(env, corrections(DAY), table="corrections", metadata={"partition_expr": "read_at"})
     return env.db, env.landing
 
 
@@ -586,6 +588,35 @@ def dict_partition_expr(env: Env) -> object:
     return write(env, stored(env, "raw_trips"), metadata=metadata)
 
 
+def with_uuids(values: Callable[[int], list[str]], rows: int = 24) -> Callable[[Env], object]:
+    def run(env: Env) -> object:
+        batch = readings(DAY).slice(0, rows)
+        batch = batch.append_column("row_uuid", pa.array(values(rows)))
+        return write(env, batch, table="readings_v2", metadata={"partition_expr": "read_at"})
+
+    return run
+
+
+def naive_load_stamp_in_local_time(env: Env) -> object:
+    # The machine runs on New York time: a naive now() is five hours behind UTC.
+    env.stack.callback(time.tzset)
+    env.stack.enter_context(pytest.MonkeyPatch.context()).setenv("TZ", "America/New_York")
+    time.tzset()
+    local_now = NOW.astimezone(ZoneInfo("America/New_York")).replace(tzinfo=None)
+    batch = readings(DAY).append_column("loaded_at", pa.array([local_now] * 24))
+    return write(env, batch, table="readings_v2", metadata={"partition_expr": "read_at"})
+
+
+def corrections(day: str) -> pa.Table:
+    """Readings corrected at the source over the quarter hour before NOW."""
+    stamps = [NOW.replace(tzinfo=None) - timedelta(minutes=2 + h * 7 % 15) for h in range(24)]
+    return readings(day).append_column("updated_at", pa.array(stamps))
+
+
+def recent_source_updated_at(env: Env) -> object:
+    return write(env, corrections(DAY), table="corrections", metadata={"partition_expr": "read_at"})
+
+
 def key_in_another_partition(env: Env) -> object:
     batch = stored(env, "trips")
     moved = stored(env, "trips", "2026-01-01")["trip_id"][0].as_py()
@@ -861,6 +892,31 @@ CASES: dict[str, Case] = {
         ("does not support multi-dimensional partitions yet",),
         ("metadata={'partition_expr': 'pickup_at'}", "keep the other dimension"),
     ),
+    "random-uuid-one-row": Case(
+        with_uuids(lambda n: [str(uuid.uuid4())], rows=1),
+        ia.RuntimeValueError,
+        ("holds random or time-based uuids",),
+        ("'allow_runtime_columns': ['row_uuid']",),
+    ),
+    "random-uuid-with-a-sentinel": Case(
+        with_uuids(lambda n: ["n/a"] + [str(uuid.uuid4()) for _ in range(n - 1)]),
+        ia.RuntimeValueError,
+        ("holds random or time-based uuids",),
+        ("'allow_runtime_columns': ['row_uuid']",),
+    ),
+    "random-uuid-as-hex": Case(
+        with_uuids(lambda n: [uuid.uuid4().hex for _ in range(n)]),
+        ia.RuntimeValueError,
+        ("holds random or time-based uuids",),
+        ("'allow_runtime_columns': ['row_uuid']",),
+    ),
+    "naive-load-stamp-in-local-time": Case(
+        naive_load_stamp_in_local_time,
+        ia.RuntimeValueError,
+        ("every value of 'loaded_at' (2026-11-29 07:00:00", "is the time of this run"),
+        ("'allow_runtime_columns': ['loaded_at']",),
+    ),
+    "recent-source-updated-at": Case(recent_source_updated_at, None, ()),
     "merge-key-in-another-partition": Case(
         key_in_another_partition,
         ia.KeyOutsideWindowError,
