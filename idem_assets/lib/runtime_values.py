@@ -46,6 +46,8 @@ _RANDOM_UUID = (
     r"[0-9a-f]{8}-[0-9a-f]{4}-[14][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\}?$"
 )
 _HEX32 = r"(?i)^[0-9a-f]{32}$"
+#: Bare hex, canonical, braced, and urn:uuid: spellings.
+_UUID_LENGTHS = pa.array([32, 36, 38, 45], pa.int32())
 _RANDOM_HEX = r"(?i)^[0-9a-f]{12}[14][0-9a-f]{3}[89ab][0-9a-f]{15}$"
 
 
@@ -127,6 +129,10 @@ def _random_uuid(column: pa.ChunkedArray) -> str | None:
         column = column.cast(kind.value_type)
         kind = kind.value_type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        return None
+    # Only values as long as a uuid can be one; the length test spares the regex most columns.
+    column = column.filter(pc.is_in(pc.binary_length(column), _UUID_LENGTHS))
+    if not len(column):
         return None
     canonical = column.filter(pc.match_substring_regex(column, _RANDOM_UUID))
     if len(canonical):
