@@ -169,7 +169,7 @@ def _written_by_this_run(context: dg.InputContext) -> set[str]:
 
 def _missing_message(context: dg.InputContext, upstream: str, missing: list[str]) -> str:
     reader = _reader(context)
-    who = ", ".join(k.to_user_string() for k in reader.keys) if reader else context.step_key
+    who = ", ".join(k.to_user_string() for k in reader.keys) if reader else "this step"
     shown = missing[:10] + ([f"... ({len(missing)} in all)"] if len(missing) > 10 else [])
     return (
         f"Refused to load asset '{upstream}' for '{who}': partition(s) {shown} of"

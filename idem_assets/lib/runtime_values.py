@@ -1,3 +1,5 @@
+# pyarrow.compute builds its functions at import time, so a type checker cannot see them.
+# pyright: reportAttributeAccessIssue=false
 """Refuse run-time values: columns that would hold something different on every rerun.
 
 A rerun must write the same rows, so a column filled at load time (``datetime.now()``, a random
