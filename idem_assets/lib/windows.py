@@ -140,9 +140,10 @@ def _finer_than_a_day(value: datetime) -> str:
     return (
         f"Refused: a partition window starts or ends at {value.isoformat()}, inside a day, but"
         " the partition column is DATE, which tells days apart and not hours. The partitions are"
-        " finer than the column's resolution, so every window but the day's last would hold no"
-        " row. Nothing was changed. Fix: make the partition column a TIMESTAMP (the time each"
-        " row happened), or partition by day: dg.DailyPartitionsDefinition(start_date=...)."
+        " finer than the column's resolution (or start at another hour than midnight), so a"
+        " window would hold no row, or the rows of another partition. Nothing was changed. Fix:"
+        " make the partition column a TIMESTAMP (the time each row happened), or partition by"
+        " whole days from midnight: dg.DailyPartitionsDefinition(start_date=...)."
     )
 
 
