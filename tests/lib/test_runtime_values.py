@@ -10,11 +10,13 @@ from typing import Any
 
 import dagster as dg
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 import idem_assets as ia
+from idem_assets.lib.runtime_values import check_runtime_values
 
-from . import DAYS, TRIPS_METADATA, fingerprint, read, rows, run, trips, trips_asset
+from . import DAYS, NOW, TRIPS_METADATA, fingerprint, read, rows, run, trips, trips_asset, window
 
 DAY = DAYS[1]
 
@@ -135,3 +137,35 @@ def test_ids_derived_from_the_natural_key_are_published_and_stable(
     with read(db) as conn:
         assert fingerprint(conn) == once
         assert len(rows(conn)) == 1000
+
+
+def direct(column: pa.Array) -> None:
+    """Run the guard on a one-column batch of a day that ended long ago."""
+    settings = ia.resolve_settings(
+        asset_key=dg.AssetKey(["ids"]),
+        metadata={},
+        mode="overwrite",
+        default_schema="main",
+        partitioned=False,
+    )
+    check_runtime_values(pa.table({"row_uuid": column}), settings, window(DAY), NOW)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array([uuid.uuid4().bytes for _ in range(3)], pa.binary(16)),
+        pa.array([str(uuid.uuid4()) for _ in range(3)]).dictionary_encode(),
+        pa.array([str(uuid.uuid4()) for _ in range(3)], pa.large_string()),
+    ],
+    ids=["16 bytes", "dictionary", "large string"],
+)
+def test_random_uuids_are_refused_in_every_arrow_type(column: pa.Array) -> None:
+    with pytest.raises(ia.RuntimeValueError, match="holds random or time-based uuids"):
+        direct(column)
+
+
+def test_uuid5_bytes_pass() -> None:
+    direct(
+        pa.array([uuid.uuid5(uuid.NAMESPACE_URL, str(i)).bytes for i in range(3)], pa.binary(16))
+    )
