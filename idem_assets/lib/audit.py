@@ -31,11 +31,21 @@ from idem_assets.lib.checks import (
 from idem_assets.lib.duckdb_publish import column_types, to_arrow
 from idem_assets.lib.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.identifiers import quote
-from idem_assets.lib.settings import DEDUPE_ORDER_BY, PARTITION_EXPR, PRIMARY_KEY, _raw
+from idem_assets.lib.settings import (
+    DEDUPE_ORDER_BY,
+    PARTITION_EXPR,
+    PRIMARY_KEY,
+    _raw,
+    partition_column,
+)
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for, window_from_keys
 
-_STAGED = "staged"
-_WINDOWS = "windows"
+# The audit's own relations and columns sit next to the user's columns in one query. Each name
+# holds a space, which validate_identifier refuses, so no user table or column can take it.
+_STAGED_NAME, _WINDOWS_NAME = "idem staged batch", "idem windows"
+_KEY_NAME, _START_NAME, _END_NAME = "idem key", "idem start", "idem end"
+_STAGED, _WINDOWS = quote(_STAGED_NAME), quote(_WINDOWS_NAME)
+_KEY, _START, _END = quote(_KEY_NAME), quote(_START_NAME), quote(_END_NAME)
 _OUTSIDE = "__outside_window__"
 
 
@@ -90,7 +100,7 @@ def stage(
         return table
     con = duckdb.connect()
     try:
-        con.register(_STAGED, table)
+        con.register(_STAGED_NAME, table)
         return con.sql(
             sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
         ).to_arrow_table()
@@ -113,23 +123,25 @@ def audit_table(
         ]
     con = duckdb.connect()
     try:
-        con.register(_STAGED, table)
+        con.register(_STAGED_NAME, table)
         aggs = aggregate_sql(checks)
         if window is not None and partition_expr:
             ptype = column_types(con, _STAGED)[partition_expr]
             wt = pa.table(
                 {
-                    "key": [w.key for w in window.partitions],
-                    "w_start": [bound_for(w.start, ptype) for w in window.partitions],
-                    "w_end": [bound_for(w.end, ptype) for w in window.partitions],
+                    _KEY_NAME: [w.key for w in window.partitions],
+                    _START_NAME: [bound_for(w.start, ptype) for w in window.partitions],
+                    _END_NAME: [bound_for(w.end, ptype) for w in window.partitions],
                 }
             )
-            con.register(_WINDOWS, wt)
-            p = f"b.{quote(partition_expr)}"
+            con.register(_WINDOWS_NAME, wt)
+            p = f"{_STAGED}.{quote(partition_expr)}"
+            key = f"{_WINDOWS}.{_KEY}"
             query = (
-                f"SELECT coalesce(w.key, '{_OUTSIDE}'), grouping(w.key), {', '.join(aggs)}"
-                f" FROM {_STAGED} b LEFT JOIN {_WINDOWS} w ON {p} >= w.w_start AND {p} < w.w_end"
-                " GROUP BY GROUPING SETS ((w.key), ())"
+                f"SELECT coalesce({key}, '{_OUTSIDE}'), grouping({key}), {', '.join(aggs)}"
+                f" FROM {_STAGED} LEFT JOIN {_WINDOWS}"
+                f" ON {p} >= {_WINDOWS}.{_START} AND {p} < {_WINDOWS}.{_END}"
+                f" GROUP BY GROUPING SETS (({key}), ())"
             )
             windows = list(window.partitions)
         else:
@@ -309,7 +321,7 @@ def audited_asset(
         prefix = [prefix] if isinstance(prefix, str) else list(prefix)
         asset_key = dg.AssetKey.from_coercible(asset_kwargs.get("key") or [*prefix, name])
         metadata = dict(asset_kwargs.get("metadata") or {})
-        partition_expr = metadata.get(PARTITION_EXPR)
+        partition_expr = partition_column(metadata.get(PARTITION_EXPR), asset_key.to_user_string())
         all_checks = list(checks)
         if partition_expr and asset_kwargs.get("partitions_def") is not None:
             all_checks.append(in_window(partition_expr))

@@ -8,7 +8,7 @@ Freshness is measured against the end of each partition's window, never against 
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
 import dagster as dg
@@ -65,7 +65,7 @@ def _num(value: float) -> str:
 
 
 def _check_name(name: str) -> str:
-    # Dagster names allow only letters, digits and underscores.
+    # Dagster names allow only ASCII letters, digits and underscores; columns may be in any script.
     return re.sub(r"[^A-Za-z0-9_]", "_", name.replace("-", "minus_"))
 
 
@@ -113,7 +113,7 @@ def not_null(*columns: str, name: str | None = None, blocking: bool = True) -> C
     """No NULL in any of ``columns``."""
     cols = _cols(columns)
     return Check(
-        name=name or f"{'_'.join(cols)}_not_null",
+        name=name or _check_name(f"{'_'.join(cols)}_not_null"),
         description=f"No NULL in {', '.join(cols)}",
         kind="not_null",
         columns=cols,
@@ -125,7 +125,7 @@ def unique(*columns: str, name: str | None = None, blocking: bool = True) -> Che
     """No two rows of the batch share ``columns``."""
     cols = _cols(columns)
     return Check(
-        name=name or f"{'_'.join(cols)}_unique",
+        name=name or _check_name(f"{'_'.join(cols)}_unique"),
         description=f"No duplicate ({', '.join(cols)}) in the batch",
         kind="unique",
         columns=cols,
@@ -152,10 +152,13 @@ def between(
 def freshness(
     column: str, max_lag: timedelta, *, name: str | None = None, blocking: bool = True
 ) -> Check:
-    """The newest ``column`` value of each partition lies within ``max_lag`` of its end."""
+    """The newest ``column`` value of each partition lies within ``max_lag`` of its end.
+
+    On a DATE column a date counts as the end of its day (see :func:`freshness_lag`).
+    """
     (col,) = _cols([column])
     return Check(
-        name=name or f"{col}_freshness",
+        name=name or _check_name(f"{col}_freshness"),
         description=f"Newest {col} within {max_lag} of the end of its partition",
         kind="freshness",
         columns=(col,),
@@ -205,6 +208,22 @@ def aggregate_sql(checks: Sequence[Check]) -> list[str]:
     return aggs
 
 
+def freshness_lag(end: datetime, newest: date | datetime | None) -> timedelta | None:
+    """How long before the window's ``end`` the newest value lies; ``None`` when there is none.
+
+    A DATE says only which day, so a date counts as the end of its day: the newest day of a
+    window is fresh, and a ``max_lag`` below one day fails every earlier day. A naive timestamp
+    is wall-clock time in the partitions' timezone, so it is compared with the end's wall clock.
+    """
+    if newest is None:
+        return None
+    if not isinstance(newest, datetime):
+        return end - datetime.combine(newest + timedelta(days=1), time(), tzinfo=end.tzinfo)
+    if newest.tzinfo is None:
+        return end.replace(tzinfo=None) - newest
+    return end - newest
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The outcome of one check over the run's partitions."""
@@ -246,10 +265,7 @@ def judge(
             failing += 0 if ok else 1
         elif check.kind == "freshness":
             assert check.max_lag is not None
-            end = (
-                w.end.replace(tzinfo=None) if value is not None and value.tzinfo is None else w.end
-            )
-            lag = None if value is None else end - value
+            lag = freshness_lag(w.end, value)
             ok = lag is not None and lag <= check.max_lag
             per[w.key] = {"newest": str(value), "lag": str(lag)}
             failing += 0 if ok else 1

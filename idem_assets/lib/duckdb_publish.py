@@ -5,10 +5,9 @@ window logic from :mod:`idem_assets.lib.windows`. It needs no Dagster context, s
 crash tests drive it directly.
 """
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
@@ -20,29 +19,22 @@ from idem_assets.lib.errors import (
     EmptyBatchError,
     KeyOutsideWindowError,
     NullValueError,
-    RuntimeValueError,
     SchemaMismatchError,
     StrayRowsError,
     format_sample,
 )
 from idem_assets.lib.identifiers import qualified, quote, validate_identifier
+from idem_assets.lib.runtime_values import check_runtime_values
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import WriteWindow, bound_for
 
 STAGED = "idem_staged_batch"
-
-#: A timestamp column whose every value lies this close to the wall clock, in a window that ended
-#: before then, was stamped at load time: a rerun would write different values.
-RUNTIME_STAMP_TOLERANCE = timedelta(hours=1)
 
 _INTEGERS = ["TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"]
 _UNSIGNED = ["UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"]
 _TIMESTAMPS = {"TIMESTAMP", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS"}
 # DuckDB 2 reads a pandas tz-aware column (nanoseconds) as TIMESTAMPTZ_NS.
 _TZ_TIMESTAMPS = {"TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ", "TIMESTAMPTZ_NS"}
-_RANDOM_UUID = re.compile(
-    r"^[0-9a-f]{8}-[0-9a-f]{4}-[14][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$", re.IGNORECASE
-)
 
 
 @dataclass(frozen=True)
@@ -204,55 +196,6 @@ def check_schema(
         )
 
 
-def _check_runtime_values(
-    conn: duckdb.DuckDBPyConnection,
-    source: str,
-    settings: WriteSettings,
-    window: WriteWindow | None,
-    batch_cols: dict[str, str],
-    now: datetime,
-) -> None:
-    allowed = set(settings.allow_runtime_columns)
-    where = _where(settings, window)
-    fix = (
-        " A rerun would write different values, so the partition would never be the same twice."
-        " Fix: derive the value from the input (e.g. the source's updated_at, or uuid5 of the"
-        " row's natural key), or keep run facts in Dagster's run metadata; if the column really"
-        " must hold a run-time value, declare it: metadata={'allow_runtime_columns': "
-    )
-    stamps = [c for c, t in batch_cols.items() if _is_timestamp(t) and c not in allowed]
-    window_ended = window is None or window.end.astimezone(UTC) <= now - RUNTIME_STAMP_TOLERANCE
-    if stamps and window_ended:
-        aggs = ", ".join(f"min({quote(c)}), max({quote(c)})" for c in stamps)
-        row = _one(conn, f"SELECT {aggs} FROM {source}") or ()
-        for i, col in enumerate(stamps):
-            lo, hi = row[2 * i], row[2 * i + 1]
-            if lo is None:
-                continue
-            lo_utc = lo if lo.tzinfo else lo.replace(tzinfo=UTC)
-            hi_utc = hi if hi.tzinfo else hi.replace(tzinfo=UTC)
-            if lo_utc >= now - RUNTIME_STAMP_TOLERANCE and hi_utc <= now + timedelta(minutes=5):
-                raise RuntimeValueError(
-                    f"Refused to write {where}: every value of '{col}' ({lo} to {hi}) is the time"
-                    f" of this run ({now:%Y-%m-%d %H:%M} UTC), not a fact of the data."
-                    + fix
-                    + f"['{col}']}}."
-                )
-    texts = [c for c, t in batch_cols.items() if t in ("VARCHAR", "UUID") and c not in allowed]
-    if texts:
-        cols = ", ".join(f"CAST({quote(c)} AS VARCHAR)" for c in texts)
-        sample = conn.execute(f"SELECT {cols} FROM {source} LIMIT 100").fetchall()
-        for i, col in enumerate(texts):
-            values = [r[i] for r in sample if r[i] is not None]
-            if len(values) >= 2 and all(_RANDOM_UUID.match(v) for v in values):
-                raise RuntimeValueError(
-                    f"Refused to write {where}: column '{col}' holds random or time-based uuids"
-                    f" (version 1 or 4, e.g. {values[0]!r}), which are new on every run."
-                    + fix
-                    + f"['{col}']}}."
-                )
-
-
 def publish(
     conn: duckdb.DuckDBPyConnection,
     batch: pa.Table,
@@ -391,7 +334,7 @@ def _publish_in_transaction(
             f"{key!r}, 'dedupe_order_by': ['updated_at']}}. Sample:\n"
             + _sample(conn, sql.duplicate_key_sample(source, key))
         )
-    _check_runtime_values(conn, source, settings, window, batch_cols, now)
+    check_runtime_values(batch, settings, window, now)
 
     existing = 0
     if table_cols is not None:

@@ -48,6 +48,10 @@ class RuntimeValueError(IdempotencyError):
     """The batch holds run-time values (load times, random uuids) that differ on every rerun."""
 
 
+class MissingUpstreamError(IdempotencyError):
+    """An input reads upstream partitions that were never materialised."""
+
+
 class BlockingCheckError(IdempotencyError):
     """A blocking data-quality check failed on the staged batch, so nothing was published."""
 

@@ -14,9 +14,10 @@ from pydantic import Field
 
 from idem_assets.lib import sql
 from idem_assets.lib.duckdb_publish import PublishResult, publish, table_columns, to_arrow
+from idem_assets.lib.errors import MissingUpstreamError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.settings import WriteMode, WriteSettings, resolve_settings
-from idem_assets.lib.windows import bound_for, window_from_context
+from idem_assets.lib.windows import WriteWindow, bound_for, window_from_context
 
 
 class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
@@ -112,15 +113,72 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
                 pred, params = sql.window_predicate(pcol, spans)
                 where = f" WHERE {pred}"
             target = qualified(settings.schema, settings.table)
+            if window and pcol and not maps_to_nothing:
+                missing = _never_materialized(context, conn, target, pcol, columns[pcol], window)
+                if missing:
+                    raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
             relation = conn.sql(f"SELECT * FROM {target}{where}{order}", params=params)
             return relation.to_arrow_table() if want_arrow else relation.df()
 
 
-def _reads_itself(context: dg.InputContext) -> bool:
-    assets_def = context.step_context.job_def.asset_layer.get_assets_def_for_node(
+def _reader(context: dg.InputContext) -> dg.AssetsDefinition | None:
+    return context.step_context.job_def.asset_layer.get_assets_def_for_node(
         context.step_context.node_handle
     )
+
+
+def _reads_itself(context: dg.InputContext) -> bool:
+    assets_def = _reader(context)
     return assets_def is not None and context.asset_key in assets_def.keys
+
+
+def _never_materialized(
+    context: dg.InputContext,
+    conn: duckdb.DuckDBPyConnection,
+    target: str,
+    column: str,
+    column_type: str,
+    window: WriteWindow,
+) -> list[str]:
+    """Upstream partitions of ``window`` with neither a materialization nor a row."""
+    # The instance knows a partition materialised empty; rows prove one that another instance
+    # (a test's, a restored database's) wrote. A partition with neither was never written.
+    recorded = context.instance.get_latest_storage_id_by_partition(
+        context.asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(window.keys)
+    )
+    # A single-run range of an asset that reads its own earlier days writes them in this run.
+    this_run = _written_by_this_run(context) if _reads_itself(context) else set()
+    missing = []
+    for p in window.partitions:
+        if p.key in recorded or p.key in this_run:
+            continue
+        span = (bound_for(p.start, column_type), bound_for(p.end, column_type))
+        q, params = sql.count_window(target, column, [span])
+        if conn.execute(q, params).fetchall()[0][0] == 0:
+            missing.append(p.key)
+    return missing
+
+
+def _written_by_this_run(context: dg.InputContext) -> set[str]:
+    step = context.step_context
+    if not step.has_partitions:
+        return set()
+    keys = context.asset_partitions_def.get_partition_keys_in_range(step.partition_key_range)
+    return set(keys)
+
+
+def _missing_message(context: dg.InputContext, upstream: str, missing: list[str]) -> str:
+    reader = _reader(context)
+    who = ", ".join(k.to_user_string() for k in reader.keys) if reader else "this step"
+    shown = missing[:10] + ([f"... ({len(missing)} in all)"] if len(missing) > 10 else [])
+    return (
+        f"Refused to load asset '{upstream}' for '{who}': partition(s) {shown} of"
+        f" '{upstream}' were never materialised, so this input would read as empty and"
+        " the result would be published as if there were no data. Nothing was changed. Fix:"
+        f" materialise '{upstream}' for those partition(s) first (a run of each, or a backfill"
+        " of the range), then rerun this partition. A partition that was materialised empty"
+        " is read as empty."
+    )
 
 
 def publish_metadata(result: PublishResult, settings: WriteSettings, window: Any) -> dict[str, Any]:

@@ -75,6 +75,27 @@ def _flag(metadata: Mapping[str, Any], key: str, default: bool, asset: str) -> b
     return value
 
 
+def partition_column(value: Any, asset: str) -> str | None:
+    """The ``partition_expr`` metadata as a validated column name (``None`` when absent)."""
+    value = _raw(value)
+    if isinstance(value, Mapping):
+        example = next(iter(value.values()), "pickup_at")
+        raise ConfigurationError(
+            f"Asset '{asset}': metadata '{PARTITION_EXPR}' is a dict ({dict(value)!r}), the"
+            " dagster-duckdb form for multi-dimensional partitions. idem_assets scopes each"
+            " write by one time window and does not support multi-dimensional partitions yet."
+            " Nothing was changed. Fix: partition the asset by time only (e.g."
+            " partitions_def=dg.DailyPartitionsDefinition(start_date=...)) and name its time"
+            f" column, metadata={{'{PARTITION_EXPR}': {example!r}}}; keep the other dimension"
+            " as an ordinary column, or make one asset per value of it."
+        )
+    if value is None:
+        return None
+    return validate_identifier(
+        value, f"Asset '{asset}': metadata '{PARTITION_EXPR}' (a column name, not an expression)"
+    )
+
+
 def resolve_settings(
     *,
     asset_key: dg.AssetKey,
@@ -89,18 +110,13 @@ def resolve_settings(
     table = validate_identifier(asset_key.path[-1], f"Asset '{asset}': table name")
     schema = validate_identifier(_raw(md.get(SCHEMA)) or default_schema, f"Asset '{asset}': schema")
 
-    partition_expr = _raw(md.get(PARTITION_EXPR))
+    partition_expr = partition_column(md.get(PARTITION_EXPR), asset)
     if partitioned and partition_expr is None:
         raise ConfigurationError(
             f"Asset '{asset}' is partitioned but has no '{PARTITION_EXPR}' metadata, so a write"
             " could not be scoped to its partition and would replace the whole table. Fix: name"
             " the DATE or TIMESTAMP column that dates each row, e.g."
             f" metadata={{'{PARTITION_EXPR}': 'pickup_at'}}."
-        )
-    if partition_expr is not None:
-        partition_expr = validate_identifier(
-            partition_expr,
-            f"Asset '{asset}': metadata '{PARTITION_EXPR}' (a column name, not an expression)",
         )
 
     primary_key = _column_list(md, PRIMARY_KEY, asset, "['trip_id']")

@@ -6,7 +6,7 @@ of them (a chunked backfill); either way the write is scoped to exactly those pa
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, time
 
 import dagster as dg
 
@@ -78,27 +78,26 @@ def window_from_keys(
     parts = []
     for key in dict.fromkeys(keys):
         # Dagster parses any date, so a key before the start, or spelt "2026-1-2", would
-        # still get a window; only a key that its own window spells back is a partition.
+        # still get a window; only the key the definition itself gives that window's start is
+        # a partition (on a fall-back day that key carries an offset: 2026-11-01-01:00-0500).
         try:
             tw = partitions_def.time_window_for_partition_key(key)
+            own_key = partitions_def.get_partition_key_for_timestamp(tw.start.timestamp())
         except ValueError:
-            tw = None
+            tw, own_key = None, None
         start, end, fmt = partitions_def.start, partitions_def.end, partitions_def.fmt
-        if (
-            tw is None
-            or tw.start.strftime(fmt) != key
-            or tw.start < start
-            or (end is not None and tw.end > end)
-        ):
-            span = f"from {start.strftime(fmt)}" + (f" to {end.strftime(fmt)}" if end else "")
+        if tw is None or own_key != key or tw.start < start or (end is not None and tw.end > end):
+            first = partitions_def.get_first_partition_key() or start.strftime(fmt)
+            span = f"from {first}" + (f" to {end.strftime(fmt)}" if end else "")
             raise ConfigurationError(
                 f"Asset '{asset}': partition key {key!r} is not a partition of its"
                 f" {type(partitions_def).__name__} (keys formatted {fmt!r}, {span}), so there is"
                 " no window to write. Nothing was changed. Fix: pass a key of the definition,"
-                f" e.g. {start.strftime(fmt)!r}, or widen the definition (start_date/end_date)."
+                f" e.g. {first!r}, or widen the definition (start_date/end_date)."
             )
         parts.append(PartitionWindow(key=key, start=tw.start, end=tw.end))
-    parts.sort(key=lambda p: p.start)
+    # By instant: datetimes in one zone compare by wall clock, so the two 01:00s would tie.
+    parts.sort(key=lambda p: p.start.timestamp())
     return WriteWindow(tuple(parts))
 
 
@@ -118,11 +117,42 @@ def bound_for(value: datetime, column_type: str) -> datetime | date:
     """Convert a window boundary to a value comparable with a column of ``column_type``.
 
     Naive ``TIMESTAMP`` columns hold wall-clock time in the partitions' timezone, so the
-    timezone is dropped after conversion rather than shifted to UTC.
+    timezone is dropped after conversion rather than shifted to UTC. A boundary the column
+    cannot express exactly (an hour on a ``DATE`` column, a repeated hour on a naive one) is a
+    configuration error: the window would match the wrong rows, or none.
     """
     kind = column_type.upper()
     if kind == "DATE":
+        if value.time() != time(0):
+            raise ConfigurationError(_finer_than_a_day(value))
         return value.date()
     if "WITH TIME ZONE" in kind or kind.startswith("TIMESTAMPTZ"):
         return value
-    return value.replace(tzinfo=None)
+    wall_clock = value.replace(tzinfo=None)
+    # Read back as the first of two repeated hours, a wall-clock bound must be the same instant.
+    first = wall_clock.replace(tzinfo=value.tzinfo, fold=0)
+    if value.tzinfo is not None and first.timestamp() != value.timestamp():
+        raise ConfigurationError(_repeated_hour(value))
+    return wall_clock
+
+
+def _finer_than_a_day(value: datetime) -> str:
+    return (
+        f"Refused: a partition window starts or ends at {value.isoformat()}, inside a day, but"
+        " the partition column is DATE, which tells days apart and not hours. The partitions are"
+        " finer than the column's resolution (or start at another hour than midnight), so a"
+        " window would hold no row, or the rows of another partition. Nothing was changed. Fix:"
+        " make the partition column a TIMESTAMP (the time each row happened), or partition by"
+        " whole days from midnight: dg.DailyPartitionsDefinition(start_date=...)."
+    )
+
+
+def _repeated_hour(value: datetime) -> str:
+    return (
+        f"Refused: a partition window starts or ends at {value.isoformat()} ({value.tzinfo}),"
+        " in the hour the clocks repeat when daylight saving time ends, but the partition"
+        " column is a naive TIMESTAMP (wall-clock time): a wall-clock value cannot tell the two"
+        f" {value:%H:%M} hours apart. Nothing was changed. Fix: store the column as TIMESTAMPTZ"
+        " (timezone-aware values, e.g. pandas .dt.tz_localize('UTC') on UTC times), or use UTC"
+        " partitions (leave timezone out of the partitions definition)."
+    )

@@ -345,3 +345,126 @@ def test_an_audited_asset_must_take_context_first() -> None:
         @ia.audited_asset(checks=[ia.not_null("trip_id")])
         def trips(upstream: pd.DataFrame) -> pd.DataFrame:
             return upstream
+
+
+# Names the library uses internally -------------------------------------------------------------
+
+#: Column names the audit's own SQL once used for its staged batch and its windows table.
+INTERNAL_NAMES = ("key", "w_start", "w_end", "staged", "windows")
+
+
+def test_user_columns_named_like_the_audits_internals_are_checked_like_any_other(
+    tmp_path: Path,
+) -> None:
+    def with_internal_names(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        batch = in_window_trips(context)
+        return batch.assign(**{name: batch["passenger_count"] for name in INTERNAL_NAMES})
+
+    checks = [ia.not_null(name) for name in INTERNAL_NAMES]
+    checks += [ia.between(name, 1, 6) for name in INTERNAL_NAMES]
+    checks += [ia.unique("trip_id", *INTERNAL_NAMES)]
+    db = tmp_path / "w.duckdb"
+    assets = pipeline(with_internal_names, checks=checks)
+
+    first = run(assets, db, "2026-01-02")
+    with read(db) as conn:
+        once = fingerprint(conn)
+    run(assets, db, "2026-01-02")
+
+    assert all(e.passed for e in evaluations(first).values())
+    assert len(evaluations(first)) == len(checks) + 1  # and in_window
+    with read(db) as conn:
+        assert fingerprint(conn) == once
+        assert count(conn, day="2026-01-02") == 1000
+        assert conn.execute("SELECT sum(key), sum(windows) FROM trips").fetchall() == [(3496, 3496)]
+
+
+def test_a_failing_check_on_a_column_named_key_samples_its_rows(tmp_path: Path) -> None:
+    def with_null_key(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        batch = in_window_trips(context).assign(key=1.0)
+        batch.loc[[3, 4], "key"] = None
+        return batch
+
+    result = run(
+        pipeline(with_null_key, checks=[ia.not_null("key")]),
+        tmp_path / "w.duckdb",
+        "2026-01-02",
+        raise_on_error=False,
+    )
+
+    evaluation = evaluations(result)["key_not_null"]
+    assert not evaluation.passed
+    assert evaluation.metadata["failing"].value == 2
+    assert evaluation.metadata["failing_sample"].value.count("| None |") == 2
+
+
+def test_checks_on_non_ascii_columns_get_valid_check_names(tmp_path: Path) -> None:
+    def spanish(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        return in_window_trips(context).rename(columns={"fare": "tarifa_é"})
+
+    checks = [
+        ia.not_null("tarifa_é"),
+        ia.unique("trip_id", "tarifa_é"),
+        ia.between("tarifa_é", 0, 60),
+    ]
+    result = run(pipeline(spanish, checks=checks), tmp_path / "w.duckdb", "2026-01-02")
+
+    assert sorted(evaluations(result)) == [
+        "in_window",
+        "tarifa___between_0_and_60",
+        "tarifa___not_null",
+        "trip_id_tarifa___unique",
+    ]
+    assert all(e.passed for e in evaluations(result).values())
+
+
+def with_dates(context: dg.AssetExecutionContext) -> pd.DataFrame:
+    """Trips dated by a DATE column, each reported the day after its pickup."""
+    batch = in_window_trips(context)
+    return batch.assign(
+        service_date=batch["pickup_at"].dt.date,
+        reported_on=(batch["pickup_at"] + timedelta(days=1)).dt.date,
+    )
+
+
+def test_freshness_on_a_date_column_counts_each_date_as_the_end_of_its_day(
+    tmp_path: Path,
+) -> None:
+    fresh = ia.freshness("service_date", timedelta(hours=1))
+    late = ia.freshness("reported_on", timedelta(hours=1), blocking=False)
+    metadata = {"partition_expr": "service_date"}
+    db = tmp_path / "w.duckdb"
+
+    result = run(pipeline(with_dates, [fresh, late], metadata), db, "2026-01-02")
+
+    checks = evaluations(result)
+    assert checks[fresh.name].passed
+    assert checks[fresh.name].metadata["per_partition"].value == {
+        "2026-01-02": {"newest": "2026-01-02", "lag": "0:00:00"}
+    }
+    # A date after the window's end is newer than its end: a negative lag, which passes.
+    assert checks[late.name].metadata["per_partition"].value == {
+        "2026-01-02": {"newest": "2026-01-03", "lag": "-1 day, 0:00:00"}
+    }
+    with read(db) as conn:
+        assert count(conn, day="2026-01-02") == 1000
+
+
+def test_freshness_on_a_date_column_fails_a_day_whose_newest_date_is_earlier(
+    tmp_path: Path,
+) -> None:
+    def a_day_late(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        batch = with_dates(context)
+        return batch.assign(reported_on=(batch["pickup_at"] - timedelta(days=1)).dt.date)
+
+    check = ia.freshness("reported_on", timedelta(hours=1))
+    result = run(
+        pipeline(a_day_late, [check]), tmp_path / "w.duckdb", "2026-01-02", raise_on_error=False
+    )
+
+    evaluation = evaluations(result)[check.name]
+    assert not evaluation.passed
+    assert evaluation.metadata["detail"].value == "1 of 1 partition(s) failed: 2026-01-02"
+    assert evaluation.metadata["per_partition"].value == {
+        "2026-01-02": {"newest": "2026-01-01", "lag": "1 day, 0:00:00"}
+    }

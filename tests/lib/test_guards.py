@@ -13,8 +13,10 @@ import pandas as pd
 import pytest
 
 import idem_assets as ia
+from idem_assets.lib.identifiers import validate_identifier
 
 from . import (
+    DAILY,
     DAYS,
     NOW,
     TRIPS_METADATA,
@@ -364,3 +366,99 @@ def test_an_empty_replacing_merge_is_refused(loaded: duckdb.DuckDBPyConnection) 
     with pytest.raises(ia.EmptyBatchError, match="allow_empty"):
         publish(loaded, trips("2026-01-03").iloc[:0], settings("merge", metadata), [DAYS[2]])
     assert partition_fingerprints(loaded) == before
+
+
+# Column names ------------------------------------------------------------------------------------
+
+#: Names that are not plain identifiers, however they are spelt.
+NOT_IDENTIFIERS = {
+    "trailing-newline": "fare\n",
+    "leading-newline": "\nfare",
+    "space": "fare amount",
+    "double-quote": 'fare"',
+    "single-quote": "fare'",
+    "tab": "fare\t",
+    "dot": "trips.fare",
+    "hyphen": "fare-usd",
+    "leading-digit": "1fare",
+    "too-long": "f" * 64,
+}
+
+
+@pytest.mark.parametrize("name", NOT_IDENTIFIERS.values(), ids=NOT_IDENTIFIERS.keys())
+def test_a_batch_column_that_is_not_a_plain_identifier_is_refused_through_the_io_manager(
+    tmp_path: Path, name: str
+) -> None:
+    def renamed(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        return trips(context.partition_key).rename(columns={"fare": name})
+
+    db = tmp_path / "w.duckdb"
+    with pytest.raises(ia.InvalidIdentifierError, match="Fix: rename the column"):
+        run([trips_asset(source=renamed)], db, DAYS[0])
+    with read(db) as conn:
+        assert fingerprint(conn) is None
+
+
+@pytest.mark.parametrize("name", ["fare\x00", "", None, 7, "fare\u200b", "fare\u00a0"])
+def test_validate_identifier_refuses_names_the_engine_would_alter(name: object) -> None:
+    with pytest.raises(ia.InvalidIdentifierError, match="Fix: rename the column"):
+        validate_identifier(name, "column")
+
+
+def test_column_names_in_any_script_are_stored_and_read_back(tmp_path: Path) -> None:
+    names = {"fare": "tarifa_é", "passenger_count": "乗客数", "trip_id": "идентификатор"}
+    metadata = {"partition_expr": "pickup_at", "primary_key": ["идентификатор"]}
+
+    def renamed(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        return trips(context.partition_key).rename(columns=names)
+
+    @dg.asset(
+        partitions_def=DAILY,
+        io_manager_key="io_manager",
+        metadata={"partition_expr": "pickup_at"},
+    )
+    def fares(trips: pd.DataFrame) -> pd.DataFrame:
+        """Fares read back by their non-ASCII names."""
+        return trips[["идентификатор", "pickup_at", "tarifa_é"]]
+
+    assets = [trips_asset("merge_io_manager", metadata, renamed), fares]
+    db = tmp_path / "w.duckdb"
+
+    run(assets, db, DAYS[0])
+    with read(db) as conn:
+        once = rows(conn), rows(conn, "fares")
+    run(assets, db, DAYS[0])
+
+    with read(db) as conn:
+        assert (rows(conn), rows(conn, "fares")) == once
+        assert len(once[1]) == 1000
+        described = conn.execute("DESCRIBE main.fares").fetchall()
+        assert [r[0] for r in described] == ["идентификатор", "pickup_at", "tarifa_é"]
+        assert conn.execute('SELECT sum("tarifa_é") FROM fares').fetchall() == [
+            (trips(DAYS[0])["fare"].sum(),)
+        ]
+
+
+MULTI_PARTITION_EXPR = {"date": "pickup_at", "region": "region"}
+
+
+def test_a_dict_partition_expr_says_multi_dimensional_partitions_are_not_supported(
+    tmp_path: Path,
+) -> None:
+    asset = trips_asset(metadata={"partition_expr": MULTI_PARTITION_EXPR})
+    db = tmp_path / "w.duckdb"
+    with pytest.raises(ia.ConfigurationError) as refused:
+        run([asset], db, DAYS[0])
+    assert "does not support multi-dimensional partitions yet" in str(refused.value)
+    assert "metadata={'partition_expr': 'pickup_at'}" in str(refused.value)
+    with read(db) as conn:
+        assert fingerprint(conn) is None
+
+
+def test_a_dict_partition_expr_is_refused_when_an_audited_asset_is_defined() -> None:
+    with pytest.raises(ia.ConfigurationError, match="multi-dimensional partitions"):
+
+        @ia.audited_asset(partitions_def=DAILY, metadata={"partition_expr": MULTI_PARTITION_EXPR})
+        def trips(context: dg.AssetExecutionContext) -> pd.DataFrame:
+            """Trips."""
+            return pd.DataFrame()

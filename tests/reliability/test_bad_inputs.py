@@ -9,6 +9,7 @@ table of unusual strings). Each case runs on a fresh copy of that file.
 
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -16,11 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import dagster as dg
 import duckdb
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import idem_assets as ia
@@ -107,6 +110,40 @@ def write(
         return ia.publish(conn, arrow, write_settings, window, now=NOW)
 
 
+HOURLY_NY = dg.HourlyPartitionsDefinition(
+    start_date="2026-10-31-00:00", timezone="America/New_York"
+)
+#: Dagster's key for the second 01:00 of the fall-back day in New York (06:00 UTC).
+SECOND_ONE_AM = "2026-11-01-01:00-0500"
+
+
+def meter(key: str, to_column: Callable[[datetime], Any]) -> pa.Table:
+    """Four readings in the hourly New York partition ``key``, dated by ``to_column``."""
+    start = HOURLY_NY.time_window_for_partition_key(key).start.astimezone(UTC)
+    times = [start + timedelta(minutes=15 * i) for i in range(4)]
+    return pa.table(
+        {
+            "reading_id": [f"{key}/{i}" for i in range(4)],
+            "read_at": pa.array([to_column(t) for t in times]),
+            "value": pa.array([1.0, 2.0, 3.0, 4.0]),
+        }
+    )
+
+
+def write_hourly(env: Env, batch: pa.Table, key: str, table: str) -> ia.PublishResult:
+    """Publish ``batch`` into one hourly New York partition of ``table``."""
+    write_settings = ia.resolve_settings(
+        asset_key=dg.AssetKey([table]),
+        metadata={"partition_expr": "read_at"},
+        mode="overwrite",
+        default_schema="main",
+        partitioned=True,
+    )
+    window = ia.window_from_keys(HOURLY_NY, [key], table)
+    with connect(env) as conn:
+        return ia.publish(conn, batch, write_settings, window, now=NOW)
+
+
 def resources(env: Env) -> dict[str, Any]:
     return {
         "landing": LandingZone(root=str(env.landing)),
@@ -115,13 +152,15 @@ def resources(env: Env) -> dict[str, Any]:
     }
 
 
-def readings_asset(values: Callable[[str], pa.Table | pd.DataFrame]) -> dg.AssetsDefinition:
+def readings_asset(
+    values: Callable[[str], pa.Table | pd.DataFrame], checks: list[ia.Check] = READINGS_CHECKS
+) -> dg.AssetsDefinition:
     @ia.audited_asset(
         name="readings",
         partitions_def=DAILY,
         io_manager_key="overwrite_io_manager",
         metadata={"partition_expr": "read_at"},
-        checks=READINGS_CHECKS,
+        checks=checks,
     )
     def readings(context: dg.AssetExecutionContext) -> pa.Table | pd.DataFrame:
         """Meter readings, one per hour."""
@@ -178,7 +217,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     )
     for day in DAYS[:2]:
         materialize(env, [readings_asset(readings)], day)
-    # A TIMESTAMPTZ partition column, a second schema, and a table of unusual strings.
+    # A TIMESTAMPTZ partition column, a second schema, tables of unusual strings and names.
     tz_batch = readings(DAY).set_column(
         1, "read_at", pa.array([datetime(2026, 1, 2, h, tzinfo=UTC) for h in range(24)])
     )
@@ -193,6 +232,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         keys=("2026-01-01",),
     )
     write(env, notes(DAY, INJECTION_VALUES), table="notes", metadata={"partition_expr": "noted_at"})
+    write(env, tarifas(), table="tarifas", metadata={"partition_expr": "read_at"})
+    write_hourly(env, meter(SECOND_ONE_AM, lambda t: t), SECOND_ONE_AM, "meter_tz")
+    write(env, corrections(DAY), table="corrections", metadata={"partition_expr": "read_at"})
     return env.db, env.landing
 
 
@@ -462,6 +504,119 @@ def random_uuids(env: Env) -> object:
     return write(env, batch, table="readings_v2", metadata={"partition_expr": "read_at"})
 
 
+def column_with_trailing_newline(env: Env) -> object:
+    return write(env, stored(env, "raw_trips").rename_columns({"fare": "fare\n"}))
+
+
+def tarifas() -> pa.Table:
+    return readings(DAY).rename_columns({"value": "tarifa_é"})
+
+
+def non_ascii_column(env: Env) -> object:
+    return write(env, tarifas(), table="tarifas", metadata={"partition_expr": "read_at"})
+
+
+def non_ascii_column_round_trip(env: Env) -> None:
+    with connect(env, read_only=True) as conn:
+        got = conn.execute('SELECT "tarifa_é" FROM main.tarifas ORDER BY read_at').fetchall()
+    assert [r[0] for r in got] == readings(DAY)["value"].to_pylist()
+
+
+def checks_on_internal_names(env: Env) -> object:
+    names = ("key", "w_start", "w_end", "staged", "windows")
+
+    def values(day: str) -> pa.Table:
+        batch = readings(day, 120.0)
+        for name in names:
+            batch = batch.append_column(name, batch["value"])
+        return batch
+
+    checks = [ia.between(name, 0, 100) for name in names]
+    return materialize(env, [readings_asset(values, checks)])
+
+
+def stale_date_column(env: Env) -> object:
+    def values(day: str) -> pa.Table:
+        batch = readings(day)
+        reported = [t.date() - timedelta(days=1) for t in batch["read_at"].to_pylist()]
+        return batch.append_column("reported_on", pa.array(reported, pa.date32()))
+
+    checks = [ia.freshness("reported_on", timedelta(hours=6))]
+    return materialize(env, [readings_asset(values, checks)])
+
+
+def fall_back_hour_key(env: Env) -> object:
+    return write_hourly(env, meter(SECOND_ONE_AM, lambda t: t), SECOND_ONE_AM, "meter_tz")
+
+
+def new_york_wall_clock(t: datetime) -> datetime:
+    return t.astimezone(ZoneInfo(HOURLY_NY.timezone)).replace(tzinfo=None)
+
+
+def repeated_hour_on_naive_column(env: Env) -> object:
+    batch = meter(SECOND_ONE_AM, new_york_wall_clock)
+    return write_hourly(env, batch, SECOND_ONE_AM, "meter_naive")
+
+
+def hourly_partitions_on_date_column(env: Env) -> object:
+    key = "2026-11-01-05:00"
+    batch = meter(key, lambda t: new_york_wall_clock(t).date())
+    return write_hourly(env, batch, key, "meter_daily")
+
+
+def missing_upstream_partition(env: Env) -> object:
+    @dg.asset(
+        partitions_def=DAILY,
+        io_manager_key="overwrite_io_manager",
+        metadata={"partition_expr": "read_at"},
+    )
+    def high_readings(readings: pa.Table) -> pa.Table:
+        """Readings above 50."""
+        return readings.filter(pc.greater(readings["value"], 50))
+
+    # The template materialised readings for 2026-01-01 and 2026-01-02 only.
+    dg.materialize(
+        [readings_asset(readings), high_readings],
+        resources=resources(env),
+        partition_key="2026-01-03",
+        selection=[high_readings],
+    )
+
+
+def dict_partition_expr(env: Env) -> object:
+    metadata = {"partition_expr": {"date": "pickup_at", "zone": "pickup_zone"}}
+    return write(env, stored(env, "raw_trips"), metadata=metadata)
+
+
+def with_uuids(values: Callable[[int], list[str]], rows: int = 24) -> Callable[[Env], object]:
+    def run(env: Env) -> object:
+        batch = readings(DAY).slice(0, rows)
+        batch = batch.append_column("row_uuid", pa.array(values(rows)))
+        return write(env, batch, table="readings_v2", metadata={"partition_expr": "read_at"})
+
+    return run
+
+
+def naive_load_stamp_in_local_time(env: Env) -> object:
+    # The machine runs on New York time: a naive now() is five hours behind UTC.
+    env.stack.callback(time.tzset)
+    env.stack.enter_context(pytest.MonkeyPatch.context()).setenv("TZ", "America/New_York")
+    time.tzset()
+    local_now = NOW.astimezone(ZoneInfo("America/New_York")).replace(tzinfo=None)
+    batch = readings(DAY).append_column("loaded_at", pa.array([local_now] * 24))
+    return write(env, batch, table="readings_v2", metadata={"partition_expr": "read_at"})
+
+
+def corrections(day: str) -> pa.Table:
+    """Readings corrected at the source over the quarter hour before NOW."""
+    stamps = [NOW.replace(tzinfo=None) - timedelta(minutes=2 + h * 7 % 15) for h in range(24)]
+    return readings(day).append_column("updated_at", pa.array(stamps))
+
+
+def recent_source_updated_at(env: Env) -> object:
+    return write(env, corrections(DAY), table="corrections", metadata={"partition_expr": "read_at"})
+
+
 def key_in_another_partition(env: Env) -> object:
     batch = stored(env, "trips")
     moved = stored(env, "trips", "2026-01-01")["trip_id"][0].as_py()
@@ -693,6 +848,75 @@ CASES: dict[str, Case] = {
         ("holds random or time-based uuids",),
         ("uuid5 of the row's natural key", "'allow_runtime_columns': ['row_uuid']"),
     ),
+    "column-name-with-trailing-newline": Case(
+        column_with_trailing_newline,
+        ia.InvalidIdentifierError,
+        ("batch column 'fare\\n' is not a plain identifier",),
+        (IDENT, "Fix: rename the column or table, e.g. to 'fare'"),
+    ),
+    "non-ascii-column-name": Case(non_ascii_column, None, (), verify=non_ascii_column_round_trip),
+    "checks-on-columns-named-like-internals": Case(
+        checks_on_internal_names,
+        ia.BlockingCheckError,
+        (BLOCKED, "key_between_0_and_100: 1 failing row(s)", "windows_between_0_and_100: 1"),
+        (RERUN,),
+    ),
+    "freshness-on-a-date-column": Case(
+        stale_date_column,
+        ia.BlockingCheckError,
+        (BLOCKED, "reported_on_freshness: 1 of 1 partition(s) failed: 2026-01-02"),
+        (RERUN,),
+    ),
+    "fall-back-hour-key": Case(fall_back_hour_key, None, ()),
+    "repeated-hour-on-naive-column": Case(
+        repeated_hour_on_naive_column,
+        ia.ConfigurationError,
+        ("2026-11-01T01:00:00-05:00", "cannot tell the two 01:00 hours apart"),
+        ("Fix: store the column as TIMESTAMPTZ", "or use UTC partitions"),
+    ),
+    "hourly-partitions-on-date-column": Case(
+        hourly_partitions_on_date_column,
+        ia.ConfigurationError,
+        ("the partition column is DATE", "finer than the column's resolution"),
+        ("Fix: make the partition column a TIMESTAMP", "dg.DailyPartitionsDefinition"),
+    ),
+    "missing-upstream-partition": Case(
+        missing_upstream_partition,
+        ia.MissingUpstreamError,
+        ("partition(s) ['2026-01-03'] of 'readings' were never materialised",),
+        ("Fix: materialise 'readings' for those partition(s) first",),
+    ),
+    "dict-partition-expr": Case(
+        dict_partition_expr,
+        ia.ConfigurationError,
+        ("does not support multi-dimensional partitions yet",),
+        ("metadata={'partition_expr': 'pickup_at'}", "keep the other dimension"),
+    ),
+    "random-uuid-one-row": Case(
+        with_uuids(lambda n: [str(uuid.uuid4())], rows=1),
+        ia.RuntimeValueError,
+        ("holds random or time-based uuids",),
+        ("'allow_runtime_columns': ['row_uuid']",),
+    ),
+    "random-uuid-with-a-sentinel": Case(
+        with_uuids(lambda n: ["n/a"] + [str(uuid.uuid4()) for _ in range(n - 1)]),
+        ia.RuntimeValueError,
+        ("holds random or time-based uuids",),
+        ("'allow_runtime_columns': ['row_uuid']",),
+    ),
+    "random-uuid-as-hex": Case(
+        with_uuids(lambda n: [uuid.uuid4().hex for _ in range(n)]),
+        ia.RuntimeValueError,
+        ("holds random or time-based uuids",),
+        ("'allow_runtime_columns': ['row_uuid']",),
+    ),
+    "naive-load-stamp-in-local-time": Case(
+        naive_load_stamp_in_local_time,
+        ia.RuntimeValueError,
+        ("every value of 'loaded_at' (2026-11-29 07:00:00", "is the time of this run"),
+        ("'allow_runtime_columns': ['loaded_at']",),
+    ),
+    "recent-source-updated-at": Case(recent_source_updated_at, None, ()),
     "merge-key-in-another-partition": Case(
         key_in_another_partition,
         ia.KeyOutsideWindowError,
