@@ -85,7 +85,7 @@ def _detail(verdict: Verdict, key: str, own: int, unplaced: int) -> str:
     if kind in ("row_count", "freshness"):
         entry = ", ".join(f"{k} {v}" for k, v in verdict.per_partition.get(key, {}).items())
         return f"{key}: {'failed' if own else 'passed'} ({entry})"
-    text = f"{own} failing row(s) on {key}"
+    text = f"{own} failing row(s)"
     if unplaced:
         text += (
             f"; {unplaced} more failing row(s) of this run's batch lie outside every day of its"

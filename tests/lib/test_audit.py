@@ -406,7 +406,7 @@ def test_a_chunk_with_one_bad_day_records_that_day_failed_and_the_others_passed(
         assert instance.get_materialized_partitions(dg.AssetKey("trips")) == set()
     bad = evaluations(result, "2026-01-02")[BETWEEN.name]
     assert bad.metadata["failing"].value == 3
-    assert bad.metadata["detail"].value == "3 failing row(s) on 2026-01-02"
+    assert (bad.partition, bad.metadata["detail"].value) == ("2026-01-02", "3 failing row(s)")
     assert bad.metadata["failing_sample"].value.count("| 9 |") == 3
     assert bad.target_materialization_data is None
     assert "refused before any write" in bad.metadata["judged"].value
