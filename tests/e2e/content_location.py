@@ -2,7 +2,8 @@
 
 The real location (``idem_assets.definitions``) declares no automation, so its backfill tests
 get no automation runs; this module adds the condition the way a user would, plus a sensor that
-evaluates it every few seconds.
+evaluates it every few seconds once it is started (as a user turns automation on after the
+initial load).
 """
 
 from pathlib import Path
@@ -42,7 +43,7 @@ def _location() -> dg.Definitions:
             dg.AutomationConditionSensorDefinition(
                 SENSOR,
                 target=dg.AssetSelection.all(),
-                default_status=dg.DefaultSensorStatus.RUNNING,
+                default_status=dg.DefaultSensorStatus.STOPPED,
                 minimum_interval_seconds=TICK_SECONDS,
             ),
         ],
