@@ -174,8 +174,8 @@ def judged_text(published: bool, run_failed_days: Sequence[str]) -> str:
     failed = ", ".join(run_failed_days[:10]) or "none"
     return (
         "the staged batch of this run, which was refused before any write because a blocking"
-        f" check failed on {failed}: nothing of the run was published, so the target"
-        " materialization is the last good one (if any), not the batch judged here"
+        f" check failed on {failed}: nothing of the run was published, so no materialization"
+        " holds the batch judged here"
     )
 
 

@@ -466,3 +466,21 @@ def test_a_stray_row_fails_every_day_of_the_chunk_because_no_day_owns_it(tmp_pat
     assert verdict.metadata["failing"].value == 1
     assert "outside every day of its window" in verdict.metadata["detail"].value
     assert "2026-01-04 00:00:00" in verdict.metadata["failing_sample"].value
+
+
+def test_an_unpartitioned_asset_reports_one_verdict_per_check_after_its_output(
+    tmp_path: Path,
+) -> None:
+    @ia.audited_asset(checks=[ia.unique("trip_id")], io_manager_key="overwrite_io_manager")
+    def all_trips(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        """All trips, unpartitioned."""
+        return trips("2026-01-02")
+
+    with dg.instance_for_test() as instance:
+        result = run([all_trips], tmp_path / "w.duckdb", instance=instance)
+        assert check_statuses(instance, "all_trips", "trip_id_unique") == {None: "SUCCEEDED"}
+        key = dg.AssetKey("all_trips")
+        (materialization,) = instance.fetch_materializations(key, limit=5).records
+    (evaluation,) = result.get_asset_check_evaluations()
+    target = evaluation.target_materialization_data
+    assert target is not None and target.storage_id == materialization.storage_id
