@@ -228,23 +228,26 @@ def check_results(report: AuditReport, asset_key: dg.AssetKey) -> list[dg.AssetC
     return results
 
 
-def refusal(asset: str, window: WriteWindow | None, failures: Sequence[Verdict]) -> str:
+def refusal(
+    asset: str,
+    window: WriteWindow | None,
+    failures: Sequence[Verdict],
+    failed_days: Sequence[str] = (),
+) -> str:
     """The message of a blocking failure: which checks failed, on which days, and the fix."""
     lines = [f"  - {v.check.name}: {v.detail}" for v in failures]
     where = window.describe() if window else "(unpartitioned)"
-    days = sorted({k for v in failures for k in v.failed_partitions if window is not None})
-    failed_days = ""
+    days = ""
     if window is not None and len(window.partitions) > 1:
-        failed_days = (
-            f"\nDays that failed: {', '.join(days) or 'none of them alone (see each check)'};"
-            " each check's partition view shows every day's verdict, and no day of the run was"
-            " published."
+        days = (
+            f"\nDays that failed: {', '.join(failed_days)}; each check's partition view shows"
+            " every day's verdict, and no day of the run was published."
         )
     return (
         f"Asset '{asset}', partition {where}: {len(failures)} blocking check(s) failed on the"
         " staged batch, so it was not published and readers keep the last good data:\n"
         + "\n".join(lines)
-        + failed_days
+        + days
         + "\nEach check's failing_sample in the UI shows the offending rows or partitions. Fix"
         " the input (or the check), then rerun the failed partitions (in the UI: Materialize,"
         " 'failed and missing' partitions)."
@@ -290,7 +293,8 @@ def run_audit(
     days = split_by_partition(report.table, report.verdicts, partition_expr, window)
     if failures:
         yield from _reported(context, day_evaluations(days, asset_key, {}, published=False))
-        raise BlockingCheckError(refusal(asset, window, failures))
+        failed_days = sorted({d.key for d in days if not d.passed and d.check.blocking})
+        raise BlockingCheckError(refusal(asset, window, failures, failed_days))
     yield dg.Output(table)
     targets = run_materializations(context.instance, asset_key, window.keys, context.run_id)
     yield from _reported(context, day_evaluations(days, asset_key, targets, published=True))

@@ -466,6 +466,8 @@ def test_a_stray_row_fails_every_day_of_the_chunk_because_no_day_owns_it(tmp_pat
     assert verdict.metadata["failing"].value == 1
     assert "outside every day of its window" in verdict.metadata["detail"].value
     assert "2026-01-04 00:00:00" in verdict.metadata["failing_sample"].value
+    cause = result.failure_data_for_node("trips").error.cause  # type: ignore[union-attr]
+    assert "Days that failed: 2026-01-01, 2026-01-02, 2026-01-03;" in cause.message
 
 
 def test_an_unpartitioned_asset_reports_one_verdict_per_check_after_its_output(
