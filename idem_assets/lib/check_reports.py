@@ -88,8 +88,9 @@ def _detail(verdict: Verdict, key: str, own: int, unplaced: int) -> str:
     text = f"{own} failing row(s)"
     if unplaced:
         text += (
-            f"; {unplaced} more failing row(s) of this run's batch lie outside every day of its"
-            " window, so no single day can be blamed and every day of the run fails"
+            f"; {unplaced} more failing row(s) of this run's batch belong to no single day"
+            " (outside every day of its window, or a key that two days share), so every day of"
+            " the run fails"
         )
     return text
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
+from idem_assets.lib.check_reports import split_by_partition
 
 from . import (
     DAILY,
@@ -464,7 +465,7 @@ def test_a_stray_row_fails_every_day_of_the_chunk_because_no_day_owns_it(tmp_pat
         assert check_statuses(instance, "trips", "in_window") == dict.fromkeys(DAYS, "FAILED")
     verdict = evaluations(result, "2026-01-03")["in_window"]
     assert verdict.metadata["failing"].value == 1
-    assert "outside every day of its window" in verdict.metadata["detail"].value
+    assert "belong to no single day (outside every day" in verdict.metadata["detail"].value
     assert "2026-01-04 00:00:00" in verdict.metadata["failing_sample"].value
     cause = result.failure_data_for_node("trips").error.cause  # type: ignore[union-attr]
     assert "Days that failed: 2026-01-01, 2026-01-02, 2026-01-03;" in cause.message
@@ -486,3 +487,18 @@ def test_an_unpartitioned_asset_reports_one_verdict_per_check_after_its_output(
     (evaluation,) = result.get_asset_check_evaluations()
     target = evaluation.target_materialization_data
     assert target is not None and target.storage_id == materialization.storage_id
+
+
+def test_a_key_two_days_share_fails_every_day_and_a_day_duplicate_only_its_day() -> None:
+    shared = pd.concat([trips("2026-01-01", 10), trips("2026-01-02", 10, first_id=20260101_0000)])
+    within = pd.concat([trips("2026-01-01", 10), trips("2026-01-01", 2), trips("2026-01-02", 10)])
+    check = ia.unique("trip_id")
+
+    def days(frame: pd.DataFrame) -> dict[str, tuple[bool, int]]:
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        report = ia.audit_table(table, [check], "pickup_at", window(*DAYS[:2]))
+        split = split_by_partition(table, report.verdicts, "pickup_at", window(*DAYS[:2]))
+        return {d.key: (d.passed, d.failing) for d in split}
+
+    assert days(shared) == {"2026-01-01": (False, 10), "2026-01-02": (False, 10)}
+    assert days(within) == {"2026-01-01": (False, 2), "2026-01-02": (True, 0)}
