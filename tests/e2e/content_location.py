@@ -32,7 +32,9 @@ def _location() -> dg.Definitions:
     assets = list({id(a): a for a in loaded.assets or []}.values())
     return dg.Definitions(
         assets=[
-            a.map_asset_specs(_on_content_change) if a.key.to_user_string() in DOWNSTREAM else a
+            a.map_asset_specs(_on_content_change)
+            if isinstance(a, dg.AssetsDefinition) and a.key.to_user_string() in DOWNSTREAM
+            else a
             for a in assets
         ],
         asset_checks=loaded.asset_checks,

@@ -31,7 +31,8 @@ def assets(fares: dict[str, float]) -> list[Any]:
         """Trips of the window; ``fares['bump']`` is added to every fare."""
         tw = context.partition_time_window
         batch = trips_between(tw.start, tw.end)
-        return batch.assign(fare=batch["fare"] + fares["bump"])
+        batch["fare"] = batch["fare"] + fares["bump"]
+        return batch
 
     @dg.asset(
         partitions_def=DAILY,
@@ -54,7 +55,7 @@ def version(instance: dg.DagsterInstance, asset: str, day: str) -> tuple[str, di
     materialization = record.asset_materialization
     assert materialization is not None
     metadata = {k: v.value for k, v in materialization.metadata.items()}
-    return record.event_log_entry.tags[VERSION_TAG], metadata
+    return (record.event_log_entry.tags or {})[VERSION_TAG], metadata
 
 
 def stale(instance: dg.DagsterInstance, defs: list[Any], asset: str, day: str) -> StaleStatus:
