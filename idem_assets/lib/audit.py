@@ -237,20 +237,20 @@ def refusal(
     """The message of a blocking failure: which checks failed, on which days, and the fix."""
     lines = [f"  - {v.check.name}: {v.detail}" for v in failures]
     where = window.describe() if window else "(unpartitioned)"
-    days = ""
+    days, rerun = "", "this partition"
     if window is not None and len(window.partitions) > 1:
         days = (
             f"\nDays that failed: {', '.join(failed_days)}; each check's partition view shows"
             " every day's verdict, and no day of the run was published."
         )
+        rerun = "the failed partitions (in the UI: Materialize..., the Failed selection)"
     return (
         f"Asset '{asset}', partition {where}: {len(failures)} blocking check(s) failed on the"
         " staged batch, so it was not published and readers keep the last good data:\n"
         + "\n".join(lines)
         + days
         + "\nEach check's failing_sample in the UI shows the offending rows or partitions. Fix"
-        " the input (or the check), then rerun the failed partitions (in the UI: Materialize,"
-        " 'failed and missing' partitions)."
+        f" the input (or the check), then rerun {rerun}."
     )
 
 
