@@ -10,6 +10,7 @@ from idem_assets.lib.checks import (
     row_count,
     unique,
 )
+from idem_assets.lib.data_versions import content_changed, record_data_version
 from idem_assets.lib.duckdb_publish import PublishResult, publish, table_fingerprint
 from idem_assets.lib.errors import (
     BlockingCheckError,
@@ -54,10 +55,12 @@ __all__ = [
     "audit_table",
     "audited_asset",
     "between",
+    "content_changed",
     "freshness",
     "in_window",
     "not_null",
     "publish",
+    "record_data_version",
     "resolve_settings",
     "row_count",
     "stage",

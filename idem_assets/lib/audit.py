@@ -21,6 +21,13 @@ import pandas as pd
 import pyarrow as pa
 
 from idem_assets.lib import sql
+from idem_assets.lib.check_reports import (
+    day_evaluations,
+    markdown,
+    run_materializations,
+    sample_rows,
+    split_by_partition,
+)
 from idem_assets.lib.checks import (
     Check,
     Verdict,
@@ -72,20 +79,6 @@ class AuditReport:
     def blocking_failures(self) -> list[Verdict]:
         """Failed verdicts of blocking checks."""
         return [v for v in self.verdicts if not v.passed and v.check.blocking]
-
-
-def _sample_rows(
-    con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()
-) -> list[dict[str, Any]]:
-    cur = con.execute(query, list(params))
-    cols = [d[0] for d in cur.description or []]
-    return [
-        {
-            c: (v if isinstance(v, int | float | str | bool) or v is None else str(v))
-            for c, v in zip(cols, r, strict=True)
-        }
-        for r in cur.fetchall()
-    ]
 
 
 def stage(
@@ -167,22 +160,18 @@ def audit_table(
             verdict = judge(check, windows, per, outside)
             if check.kind in ("not_null", "between", "unique") and total:
                 failing = int(total[i] or 0)
-                verdict = Verdict(
-                    check,
-                    failing == 0,
-                    failing,
-                    f"{failing} failing row(s)",
-                    verdict.per_partition,
-                    [],
+                verdict = dataclasses.replace(
+                    verdict,
+                    passed=failing == 0,
+                    failing=failing,
+                    detail=f"{failing} failing row(s)",
                 )
             if not verdict.passed:
-                verdict = Verdict(
-                    check,
-                    False,
-                    verdict.failing,
-                    verdict.detail,
-                    verdict.per_partition,
-                    _failing_sample(con, check, partition_expr, window, verdict.per_partition),
+                verdict = dataclasses.replace(
+                    verdict,
+                    sample=_failing_sample(
+                        con, check, partition_expr, window, verdict.per_partition
+                    ),
                 )
             verdicts.append(verdict)
         return AuditReport(table, verdicts)
@@ -213,31 +202,22 @@ def _failing_sample(
     if check.kind == "freshness":
         # The newest rows the batch has, to compare with the end of the window.
         col = quote(check.columns[0])
-        return _sample_rows(con, f"SELECT * FROM {_STAGED} ORDER BY {col} DESC NULLS LAST LIMIT 5")
+        return sample_rows(con, f"SELECT * FROM {_STAGED} ORDER BY {col} DESC NULLS LAST LIMIT 5")
     pred = check.failing_predicate()
     if pred is not None:
-        return _sample_rows(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
+        return sample_rows(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
     if check.kind == "unique":
-        return _sample_rows(con, sql.duplicate_key_sample(_STAGED, check.columns))
+        return sample_rows(con, sql.duplicate_key_sample(_STAGED, check.columns))
     if check.kind == "in_window" and partition_expr and window is not None:
         ptype = column_types(con, _STAGED)[partition_expr]
         spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
         q, p = sql.stray_rows_sample(_STAGED, partition_expr, spans)
-        return _sample_rows(con, q, p)
+        return sample_rows(con, q, p)
     return []
 
 
-def _markdown(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "(no rows)"
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def check_results(report: AuditReport, asset_key: dg.AssetKey) -> list[dg.AssetCheckResult]:
-    """One ``AssetCheckResult`` per check, with failing count, per-partition detail and a sample."""
+    """One ``AssetCheckResult`` per check of an unpartitioned asset, with count and sample."""
     results = []
     for v in report.verdicts:
         metadata: dict[str, Any] = {
@@ -246,7 +226,7 @@ def check_results(report: AuditReport, asset_key: dg.AssetKey) -> list[dg.AssetC
             "per_partition": dg.MetadataValue.json(v.per_partition),
         }
         if v.sample:
-            metadata["failing_sample"] = dg.MetadataValue.md(_markdown(v.sample))
+            metadata["failing_sample"] = dg.MetadataValue.md(markdown(v.sample))
         results.append(
             dg.AssetCheckResult(
                 asset_key=asset_key,
@@ -260,13 +240,44 @@ def check_results(report: AuditReport, asset_key: dg.AssetKey) -> list[dg.AssetC
     return results
 
 
+def refusal(
+    asset: str,
+    window: WriteWindow | None,
+    failures: Sequence[Verdict],
+    failed_days: Sequence[str] = (),
+) -> str:
+    """The message of a blocking failure: which checks failed, on which days, and the fix."""
+    lines = [f"  - {v.check.name}: {v.detail}" for v in failures]
+    where = window.describe() if window else "(unpartitioned)"
+    days, rerun = "", "this partition"
+    if window is not None and len(window.partitions) > 1:
+        days = (
+            f"\nDays that failed: {', '.join(failed_days)}; each check's partition view shows"
+            " every day's verdict, and no day of the run was published."
+        )
+        rerun = "the failed partitions (in the UI: Materialize..., the Failed selection)"
+    return (
+        f"Asset '{asset}', partition {where}: {len(failures)} blocking check(s) failed on the"
+        " staged batch, so it was not published and readers keep the last good data:\n"
+        + "\n".join(lines)
+        + days
+        + "\nEach check's failing_sample in the UI shows the offending rows or partitions. Fix"
+        f" the input (or the check), then rerun {rerun}."
+    )
+
+
 def run_audit(
     context: dg.AssetExecutionContext,
     output: pa.Table | pd.DataFrame | Batch,
     checks: Sequence[Check],
     metadata: Mapping[str, Any],
-) -> Iterator[dg.AssetCheckResult | dg.Output]:
-    """Stage ``output`` and yield every check result, then the output (or raise on a blocker)."""
+) -> Iterator[dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output]:
+    """Stage ``output`` and audit it; publish it and report every verdict, or raise on a blocker.
+
+    A partitioned asset reports one evaluation per check and day of the run. Verdicts come after
+    the output, so each points at the materialization it judged; a refused batch reports its
+    verdicts without a target and raises before any output exists.
+    """
     asset_key = context.asset_key
     asset = asset_key.to_user_string()
     batch = output if isinstance(output, Batch) else Batch(output)
@@ -282,20 +293,39 @@ def run_audit(
         assert context.assets_def.partitions_def is not None
         window = window_from_keys(context.assets_def.partitions_def, context.partition_keys, asset)
     report = audit_table(table, checks, partition_expr, window, batch.expected_rows)
-    yield from check_results(report, asset_key)
     failures = report.blocking_failures
+    if window is None or not partition_expr:
+        results = check_results(report, asset_key)
+        if failures:
+            yield from results
+            raise BlockingCheckError(refusal(asset, window, failures))
+        yield dg.Output(table)
+        yield from results
+        return
+    days = split_by_partition(report.table, report.verdicts, partition_expr, window)
     if failures:
-        lines = [f"  - {v.check.name}: {v.detail}" for v in failures]
-        where = window.describe() if window else "(unpartitioned)"
-        raise BlockingCheckError(
-            f"Asset '{asset}', partition {where}: {len(failures)} blocking check(s) failed on the"
-            " staged batch, so it was not published and readers keep the last good data:\n"
-            + "\n".join(lines)
-            + "\nEach check's failing_sample in the UI shows the offending rows or partitions. Fix"
-            " the input (or the check), then"
-            " rerun this partition."
-        )
+        yield from _reported(context, day_evaluations(days, asset_key, {}, published=False))
+        failed_days = sorted({d.key for d in days if not d.passed and d.check.blocking})
+        raise BlockingCheckError(refusal(asset, window, failures, failed_days))
     yield dg.Output(table)
+    targets = run_materializations(context.instance, asset_key, window.keys, context.run.run_id)
+    yield from _reported(context, day_evaluations(days, asset_key, targets, published=True))
+
+
+def _reported(
+    context: dg.AssetExecutionContext, evaluations: Sequence[dg.AssetCheckEvaluation]
+) -> Iterator[dg.Output | dg.AssetCheckEvaluation]:
+    """The evaluations, each check's (empty) step output first, as an AssetCheckResult has."""
+    selected = context.selected_asset_check_keys
+    done: set[dg.AssetCheckKey] = set()
+    for evaluation in evaluations:
+        check_key = evaluation.asset_check_key
+        if check_key in selected and check_key not in done:
+            done.add(check_key)
+            yield dg.Output(
+                None, output_name=context.assets_def.get_output_name_for_asset_check_key(check_key)
+            )
+        yield evaluation
 
 
 def audited_asset(
@@ -305,7 +335,8 @@ def audited_asset(
 
     The function returns a DataFrame, an Arrow table or a :class:`Batch`. A partitioned asset also
     gets the ``in_window`` check on its ``partition_expr`` column. Each check becomes a blocking
-    (or, with ``blocking=False``, a WARN) ``AssetCheckSpec``.
+    (or, with ``blocking=False``, a WARN) ``AssetCheckSpec``, partitioned like the asset, so every
+    run records one verdict per day.
     """
 
     def decorator(fn: Callable[..., Any]) -> dg.AssetsDefinition:
@@ -342,8 +373,8 @@ def audited_asset(
         compute.__signature__ = inspect.signature(fn).replace(  # type: ignore[attr-defined]
             return_annotation=inspect.Signature.empty
         )
-        return dg.asset(check_specs=[c.spec(asset_key) for c in all_checks], **asset_kwargs)(
-            compute
-        )
+        partitions_def = asset_kwargs.get("partitions_def")
+        specs = [c.spec(asset_key, partitions_def) for c in all_checks]
+        return dg.asset(check_specs=specs, **asset_kwargs)(compute)
 
     return decorator

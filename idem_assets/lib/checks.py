@@ -37,10 +37,20 @@ class Check:
     expected: ExpectedRows | None = field(default=None, compare=False)
     blocking: bool = True
 
-    def spec(self, asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
-        """The Dagster check spec (blocking checks stop downstream assets when they fail)."""
+    def spec(
+        self, asset_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition | None = None
+    ) -> dg.AssetCheckSpec:
+        """The Dagster check spec, partitioned like its asset so each day gets its own verdict.
+
+        Blocking checks stop downstream assets when they fail. ``partitions_def`` on a check is
+        a Dagster preview API; README, "Dagster APIs in preview", names the fallback.
+        """
         return dg.AssetCheckSpec(
-            name=self.name, asset=asset_key, blocking=self.blocking, description=self.description
+            name=self.name,
+            asset=asset_key,
+            blocking=self.blocking,
+            description=self.description,
+            partitions_def=partitions_def,
         )
 
     @property
@@ -234,6 +244,8 @@ class Verdict:
     detail: str
     per_partition: dict[str, Any]
     sample: list[dict[str, Any]]
+    #: Keys of the partitions that failed a partition-level check (row_count, freshness).
+    failed_partitions: tuple[str, ...] = ()
 
 
 def judge(
@@ -287,4 +299,4 @@ def judge(
         )
     else:
         detail = f"{failing} failing row(s)"
-    return Verdict(check, passed, failing, detail, per, [])
+    return Verdict(check, passed, failing, detail, per, [], tuple(bad_keys))

@@ -13,6 +13,7 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from idem_assets.lib import sql
+from idem_assets.lib.data_versions import record_data_version
 from idem_assets.lib.duckdb_publish import PublishResult, publish, table_columns, to_arrow
 from idem_assets.lib.errors import MissingUpstreamError
 from idem_assets.lib.identifiers import qualified, quote
@@ -70,6 +71,7 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
         with self._connect() as conn:
             result = publish(conn, batch, settings, window)
         context.add_output_metadata(publish_metadata(result, settings, window))
+        record_data_version(context, result.fingerprint)
         # A range run yields one materialization per partition; give each its own row count
         # and fingerprint instead of the range's totals.
         for key, (rows, fingerprint) in result.per_partition.items():

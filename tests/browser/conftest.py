@@ -88,6 +88,12 @@ class Screenshots:
         _save_small_png(source, DOCS_SCREENSHOTS / name)
 
 
+def metadata_value(page: Page, label: str) -> Locator:
+    """The value cell of a row of a metadata (or tags) table."""
+    row = page.get_by_role("row").filter(has=page.get_by_role("cell", name=label, exact=True))
+    return row.get_by_role("cell").nth(1)
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 

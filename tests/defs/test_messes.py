@@ -93,7 +93,7 @@ def test_a_mess_is_refused_by_its_check_and_changes_nothing(loaded: Pipeline, me
         assert "failing_sample" in evaluation.metadata
         assert evaluation.metadata["failing_sample"].value.startswith("| trip_id |")
     else:
-        assert DAY in evaluation.metadata["per_partition"].value
+        assert evaluation.metadata["detail"].value.startswith(f"{DAY}: failed")
     message = failure_text(result)
     assert "BlockingCheckError" in message
     assert f"  - {mess.check}: " in message
@@ -115,9 +115,12 @@ def test_stray_row_sample_names_the_stray_trip(loaded: Pipeline) -> None:
     in_window = check_evaluations(result)[("raw_trips", "in_window")]
     assert "T20260101-900001" in in_window.metadata["failing_sample"].value
     row_count = check_evaluations(result)[("raw_trips", "row_count")]
-    assert row_count.metadata["per_partition"].value == {
-        DAY: {"rows": ROWS, "expected": ROWS + 1, "delta": -1}
-    }
+    assert row_count.partition == DAY
+    assert [row_count.metadata[k].value for k in ("rows", "expected", "delta")] == [
+        ROWS,
+        ROWS + 1,
+        -1,
+    ]
 
 
 def test_duplicates_warn_and_trips_keep_the_latest_version(loaded: Pipeline) -> None:

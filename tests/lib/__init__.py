@@ -87,6 +87,7 @@ def run(
     partition_range: tuple[str, str] | None = None,
     raise_on_error: bool = True,
     selection: Sequence[str] | None = None,
+    instance: dg.DagsterInstance | None = None,
 ) -> dg.ExecuteInProcessResult:
     """Materialize ``assets`` for one partition, a partition range (one run), or unpartitioned."""
     tags = {}
@@ -102,7 +103,25 @@ def run(
         tags=tags,
         raise_on_error=raise_on_error,
         selection=list(selection) if selection is not None else None,
+        instance=instance,
     )
+
+
+def check_statuses(
+    instance: dg.DagsterInstance, asset: str, check: str, run_id: str | None = None
+) -> dict[str | None, str]:
+    """The status the instance records for each partition of one check (of one run, if given).
+
+    The latest record per partition wins; a record still PLANNED after its run ended is what the
+    UI shows as a skipped evaluation.
+    """
+    key = dg.AssetCheckKey(dg.AssetKey(asset), check)
+    history = instance.event_log_storage.get_asset_check_execution_history(key, limit=1000)
+    statuses: dict[str | None, str] = {}
+    for record in reversed(history):  # oldest first, so the latest wins
+        if run_id is None or record.run_id == run_id:
+            statuses[record.partition] = record.status.value
+    return statuses
 
 
 def output_metadata(result: dg.ExecuteInProcessResult) -> dict[str | None, dict[str, Any]]:

@@ -12,8 +12,20 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
+from idem_assets.lib.check_reports import split_by_partition
 
-from . import DAILY, DAYS, count, fingerprint, read, run, trips, trips_between, window
+from . import (
+    DAILY,
+    DAYS,
+    check_statuses,
+    count,
+    fingerprint,
+    read,
+    run,
+    trips,
+    trips_between,
+    window,
+)
 
 Source = Callable[[dg.AssetExecutionContext], Any]
 
@@ -62,8 +74,17 @@ def pipeline(
     return [trips, busy_trips]
 
 
-def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
-    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+def evaluations(result: dg.ExecuteInProcessResult, day: str = "2026-01-02") -> dict[str, Any]:
+    """The run's check evaluations for one day, by check name."""
+    return {e.check_name: e for e in result.get_asset_check_evaluations() if e.partition == day}
+
+
+def measured(evaluation: Any, *keys: str) -> dict[str, Any]:
+    """Some metadata values of an evaluation."""
+    return {k: evaluation.metadata[k].value for k in keys}
+
+
+ROW_COUNT = ("rows", "expected", "delta")
 
 
 def materialized(result: dg.ExecuteInProcessResult) -> list[str]:
@@ -87,9 +108,7 @@ def test_a_passing_batch_is_published_with_every_check_passed(tmp_path: Path) ->
     checks = evaluations(result)
     assert sorted(checks) == sorted([c.name for c in CHECKS] + ["in_window"])
     assert all(e.passed for e in checks.values())
-    assert checks["row_count"].metadata["per_partition"].value == {
-        "2026-01-02": {"rows": 1000, "expected": 1000, "delta": 0}
-    }
+    assert measured(checks["row_count"], *ROW_COUNT) == {"rows": 1000, "expected": 1000, "delta": 0}
     assert materialized(result) == ["busy_trips", "trips"]
     with read(db) as conn:
         assert count(conn, day="2026-01-02") == 1000
@@ -264,8 +283,10 @@ def test_a_batch_carries_its_expected_row_count(
     assert result.success is passed
     row_count = evaluations(result)["row_count"]
     assert row_count.passed is passed
-    assert row_count.metadata["per_partition"].value == {
-        "2026-01-02": {"rows": 1000, "expected": expected, "delta": 1000 - expected}
+    assert measured(row_count, *ROW_COUNT) == {
+        "rows": 1000,
+        "expected": expected,
+        "delta": 1000 - expected,
     }
     with read(db) as conn:
         assert (fingerprint(conn) is not None) is passed
@@ -276,11 +297,14 @@ def test_a_range_run_reports_checks_per_partition(tmp_path: Path) -> None:
     result = run(pipeline(), db, partition_range=(DAYS[0], DAYS[-1]))
 
     assert result.success
-    checks = evaluations(result)
-    assert checks["row_count"].metadata["per_partition"].value == {
-        day: {"rows": 1000, "expected": 1000, "delta": 0} for day in DAYS
-    }
-    assert sorted(checks["pickup_at_freshness"].metadata["per_partition"].value) == list(DAYS)
+    for day in DAYS:
+        checks = evaluations(result, day)
+        assert measured(checks["row_count"], *ROW_COUNT) == {
+            "rows": 1000,
+            "expected": 1000,
+            "delta": 0,
+        }
+        assert checks["pickup_at_freshness"].metadata["lag"].value == "1:48:00"
     with read(db) as conn:
         assert [count(conn, day=day) for day in DAYS] == [1000, 1000, 1000]
 
@@ -316,9 +340,7 @@ def test_row_count_without_a_declared_count_fails(tmp_path: Path) -> None:
     assert not result.success
     verdict = evaluations(result)["row_count"]
     assert not verdict.passed
-    assert verdict.metadata["per_partition"].value == {
-        "2026-01-02": {"rows": 1000, "expected": None, "delta": None}
-    }
+    assert measured(verdict, *ROW_COUNT) == {"rows": 1000, "expected": None, "delta": None}
 
 
 def test_row_count_takes_the_count_the_batch_declares(tmp_path: Path) -> None:
@@ -333,9 +355,7 @@ def test_row_count_takes_the_count_the_batch_declares(tmp_path: Path) -> None:
     )
 
     verdict = evaluations(result)["row_count"]
-    assert verdict.metadata["per_partition"].value == {
-        "2026-01-02": {"rows": 1000, "expected": 999, "delta": 1}
-    }
+    assert measured(verdict, *ROW_COUNT) == {"rows": 1000, "expected": 999, "delta": 1}
     assert not result.success
 
 
@@ -439,12 +459,15 @@ def test_freshness_on_a_date_column_counts_each_date_as_the_end_of_its_day(
 
     checks = evaluations(result)
     assert checks[fresh.name].passed
-    assert checks[fresh.name].metadata["per_partition"].value == {
-        "2026-01-02": {"newest": "2026-01-02", "lag": "0:00:00"}
+    assert measured(checks[fresh.name], "newest", "lag") == {
+        "newest": "2026-01-02",
+        "lag": "0:00:00",
     }
     # A date after the window's end is newer than its end: a negative lag, which passes.
-    assert checks[late.name].metadata["per_partition"].value == {
-        "2026-01-02": {"newest": "2026-01-03", "lag": "-1 day, 0:00:00"}
+    assert checks[late.name].passed
+    assert measured(checks[late.name], "newest", "lag") == {
+        "newest": "2026-01-03",
+        "lag": "-1 day, 0:00:00",
     }
     with read(db) as conn:
         assert count(conn, day="2026-01-02") == 1000
@@ -464,7 +487,150 @@ def test_freshness_on_a_date_column_fails_a_day_whose_newest_date_is_earlier(
 
     evaluation = evaluations(result)[check.name]
     assert not evaluation.passed
-    assert evaluation.metadata["detail"].value == "1 of 1 partition(s) failed: 2026-01-02"
-    assert evaluation.metadata["per_partition"].value == {
-        "2026-01-02": {"newest": "2026-01-01", "lag": "1 day, 0:00:00"}
+    assert measured(evaluation, "newest", "lag", "failing") == {
+        "newest": "2026-01-01",
+        "lag": "1 day, 0:00:00",
+        "failing": 1,
     }
+
+
+# Per-day verdicts in the instance ----------------------------------------------------------------
+
+
+def refusal_message(result: dg.ExecuteInProcessResult) -> str:
+    """The message of the error that refused the trips step (Dagster wraps the user error)."""
+    failure = result.failure_data_for_node("trips")
+    assert failure is not None and failure.error is not None and failure.error.cause is not None
+    return failure.error.cause.message
+
+
+def bad_passengers_on(day: str) -> Source:
+    """The window's trips, with three trips of ``day`` carrying 9 passengers."""
+
+    def source(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        batch = in_window_trips(context)
+        rows = batch.index[batch["pickup_at"].dt.strftime("%Y-%m-%d") == day][[10, 20, 30]]
+        batch.loc[rows, "passenger_count"] = 9
+        return batch
+
+    return source
+
+
+def test_a_chunk_with_one_bad_day_records_that_day_failed_and_the_others_passed(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "w.duckdb"
+    with dg.instance_for_test() as instance:
+        result = run(
+            pipeline(bad_passengers_on("2026-01-02")),
+            db,
+            partition_range=(DAYS[0], DAYS[-1]),
+            raise_on_error=False,
+            instance=instance,
+        )
+
+        assert not result.success
+        assert check_statuses(instance, "trips", BETWEEN.name) == {
+            "2026-01-01": "SUCCEEDED",
+            "2026-01-02": "FAILED",
+            "2026-01-03": "SUCCEEDED",
+        }
+        for check in [*CHECKS, ia.in_window("pickup_at")]:
+            if check.name != BETWEEN.name:
+                assert set(check_statuses(instance, "trips", check.name).values()) == {"SUCCEEDED"}
+        assert instance.get_materialized_partitions(dg.AssetKey("trips")) == set()
+    bad = evaluations(result, "2026-01-02")[BETWEEN.name]
+    assert bad.metadata["failing"].value == 3
+    assert (bad.partition, bad.metadata["detail"].value) == ("2026-01-02", "3 failing row(s)")
+    assert bad.metadata["failing_sample"].value.count("| 9 |") == 3
+    assert bad.target_materialization_data is None
+    assert "refused before any write" in bad.metadata["judged"].value
+    good = evaluations(result, "2026-01-01")[BETWEEN.name]
+    assert (good.passed, good.metadata["failing"].value) == (True, 0)
+    assert "failing_sample" not in good.metadata
+    assert "Days that failed: 2026-01-02;" in refusal_message(result)
+    with read(db) as conn:
+        assert fingerprint(conn) is None  # nothing of the chunk was written
+
+
+def test_each_verdict_points_at_the_materialization_it_judged_and_none_stays_planned(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "w.duckdb"
+    with dg.instance_for_test() as instance:
+        chunk = run(pipeline(), db, partition_range=(DAYS[0], DAYS[-1]), instance=instance)
+        rerun = run(pipeline(), db, "2026-01-02", instance=instance)
+
+        for result in (chunk, rerun):
+            mats = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("trips")), limit=10
+            ).records
+            judged = {m.partition_key: m.storage_id for m in mats if m.run_id == result.run_id}
+            for evaluation in result.get_asset_check_evaluations():
+                target = evaluation.target_materialization_data
+                assert target is not None and target.run_id == result.run_id
+                assert target.storage_id == judged[evaluation.partition]
+        for check in [*CHECKS, ia.in_window("pickup_at")]:
+            history = instance.event_log_storage.get_asset_check_execution_history(
+                dg.AssetCheckKey(dg.AssetKey("trips"), check.name), limit=100
+            )
+            # Three days, then one: one SUCCEEDED record each, no PLANNED (shown as skipped) left.
+            assert sorted((r.partition, r.status.value) for r in history) == [
+                ("2026-01-01", "SUCCEEDED"),
+                ("2026-01-02", "SUCCEEDED"),
+                ("2026-01-02", "SUCCEEDED"),
+                ("2026-01-03", "SUCCEEDED"),
+            ]
+
+
+def test_a_stray_row_fails_every_day_of_the_chunk_because_no_day_owns_it(tmp_path: Path) -> None:
+    def with_stray(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        return pd.concat([in_window_trips(context), trips("2026-01-04", 1, first_id=1)])
+
+    with dg.instance_for_test() as instance:
+        result = run(
+            pipeline(with_stray, checks=[]),
+            tmp_path / "w.duckdb",
+            partition_range=(DAYS[0], DAYS[-1]),
+            raise_on_error=False,
+            instance=instance,
+        )
+        assert check_statuses(instance, "trips", "in_window") == dict.fromkeys(DAYS, "FAILED")
+    verdict = evaluations(result, "2026-01-03")["in_window"]
+    assert verdict.metadata["failing"].value == 1
+    assert "belong to no single day (outside every day" in verdict.metadata["detail"].value
+    assert "2026-01-04 00:00:00" in verdict.metadata["failing_sample"].value
+    assert "Days that failed: 2026-01-01, 2026-01-02, 2026-01-03;" in refusal_message(result)
+
+
+def test_an_unpartitioned_asset_reports_one_verdict_per_check_after_its_output(
+    tmp_path: Path,
+) -> None:
+    @ia.audited_asset(checks=[ia.unique("trip_id")], io_manager_key="overwrite_io_manager")
+    def all_trips(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        """All trips, unpartitioned."""
+        return trips("2026-01-02")
+
+    with dg.instance_for_test() as instance:
+        result = run([all_trips], tmp_path / "w.duckdb", instance=instance)
+        assert check_statuses(instance, "all_trips", "trip_id_unique") == {None: "SUCCEEDED"}
+        key = dg.AssetKey("all_trips")
+        (materialization,) = instance.fetch_materializations(key, limit=5).records
+    (evaluation,) = result.get_asset_check_evaluations()
+    target = evaluation.target_materialization_data
+    assert target is not None and target.storage_id == materialization.storage_id
+
+
+def test_a_key_two_days_share_fails_every_day_and_a_day_duplicate_only_its_day() -> None:
+    shared = pd.concat([trips("2026-01-01", 10), trips("2026-01-02", 10, first_id=20260101_0000)])
+    within = pd.concat([trips("2026-01-01", 10), trips("2026-01-01", 2), trips("2026-01-02", 10)])
+    check = ia.unique("trip_id")
+
+    def days(frame: pd.DataFrame) -> dict[str, tuple[bool, int]]:
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        report = ia.audit_table(table, [check], "pickup_at", window(*DAYS[:2]))
+        split = split_by_partition(table, report.verdicts, "pickup_at", window(*DAYS[:2]))
+        return {d.key: (d.passed, d.failing) for d in split}
+
+    assert days(shared) == {"2026-01-01": (False, 10), "2026-01-02": (False, 10)}
+    assert days(within) == {"2026-01-01": (False, 2), "2026-01-02": (True, 0)}
