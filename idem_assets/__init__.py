@@ -25,6 +25,14 @@ from idem_assets.lib.errors import (
     StrayRowsError,
 )
 from idem_assets.lib.io_managers import DuckDBMergeIOManager, DuckDBOverwriteIOManager
+from idem_assets.lib.outbox import (
+    Delivery,
+    DeliveryRecord,
+    DeliveryResult,
+    Outbox,
+    content_fingerprint,
+    idempotency_key,
+)
 from idem_assets.lib.settings import WriteSettings, resolve_settings
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, window_from_keys
 
@@ -34,6 +42,9 @@ __all__ = [
     "BlockingCheckError",
     "Check",
     "ConfigurationError",
+    "Delivery",
+    "DeliveryRecord",
+    "DeliveryResult",
     "DuckDBMergeIOManager",
     "DuckDBOverwriteIOManager",
     "DuplicateKeyError",
@@ -42,6 +53,7 @@ __all__ = [
     "InvalidIdentifierError",
     "KeyOutsideWindowError",
     "NullValueError",
+    "Outbox",
     "PartitionWindow",
     "PublishResult",
     "RuntimeValueError",
@@ -52,7 +64,9 @@ __all__ = [
     "audit_table",
     "audited_asset",
     "between",
+    "content_fingerprint",
     "freshness",
+    "idempotency_key",
     "in_window",
     "not_null",
     "publish",
