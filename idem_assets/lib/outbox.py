@@ -168,7 +168,8 @@ class Outbox(dg.ConfigurableResource):
         fingerprint = content if isinstance(content, str) else content_fingerprint(content)
         stage = on_stage or OUTBOX_STAGE_HOOK.get() or _no_stage
         with self._connect() as conn:
-            outcome, delivery = self._claim(conn, asset, part, action, fingerprint, context.run_id)
+            run_id = context.run.run_id
+            outcome, delivery = self._claim(conn, asset, part, action, fingerprint, run_id)
             where = f"{action} of asset '{asset}', partition {part or '(unpartitioned)'}"
             if outcome == "skipped":
                 context.log.info(
