@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 import duckdb
 import pandas as pd
+import pyarrow as pa
 import pytest
 from pydantic import Field
 
@@ -95,6 +96,23 @@ def numbered(context: dg.AssetExecutionContext, orders: pd.DataFrame) -> pd.Data
 
 def passthrough(context: dg.AssetExecutionContext, orders: pd.DataFrame) -> pd.DataFrame:
     return orders
+
+
+def email_totals(
+    context: dg.AssetExecutionContext, orders: pd.DataFrame, outbox: ia.Outbox
+) -> dg.MaterializeResult:
+    # The email's content carries the time it was built, so every run looks like new content.
+    body = pa.table({"total": [orders["amount"].sum()], "built_at": [datetime.now().isoformat()]})
+    result = outbox.deliver(context, "email_totals", body, lambda delivery: None)
+    return dg.MaterializeResult(metadata=result.metadata)
+
+
+def email_totals_once(
+    context: dg.AssetExecutionContext, orders: pd.DataFrame, outbox: ia.Outbox
+) -> dg.MaterializeResult:
+    body = pa.table({"total": [orders["amount"].sum()]})
+    result = outbox.deliver(context, "email_totals", body, lambda delivery: None)
+    return dg.MaterializeResult(metadata=result.metadata)
 
 
 class AppendIOManager(dg.ConfigurableIOManager):
@@ -272,3 +290,29 @@ def test_a_partition_and_not_a_range_skips_chunking_and_says_so(tmp_path: Path) 
         assert_chunking_invariant(
             [orders], resources=resources(), partition=DAY, workdir=tmp_path / "again"
         )
+
+
+def test_an_outbox_action_whose_content_changes_every_run_fails_the_rerun(
+    tmp_path: Path,
+) -> None:
+    res = {**resources(), "outbox": ia.Outbox(ledger="outbox.sqlite")}
+    report = assert_rerun_idempotent(
+        [orders, downstream("emailed", email_totals_once)],
+        resources=res,
+        partition=DAY,
+        workdir=tmp_path / "once",
+    )
+    assert (report.compared, report.not_stored) == (["orders"], ["emailed"])
+
+    with pytest.raises(RerunSafetyError) as caught:
+        assert_rerun_idempotent(
+            [orders, downstream("emailed", email_totals)],
+            resources=res,
+            partition=DAY,
+            workdir=tmp_path / "every_run",
+        )
+    err = caught.value
+    assert (err.property, err.asset, err.partition) == ("rerun", "emailed", DAY)
+    assert "the rerun performed 1 outbox action(s) again, e.g. 'email_totals' revision 2" in str(
+        err
+    )
