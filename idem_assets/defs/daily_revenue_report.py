@@ -144,5 +144,5 @@ def report_definitions() -> dg.Definitions:
         resources={
             "outbox": ia.Outbox(ledger=str(data / "outbox.sqlite")),
             "report_export": ReportExport(directory=str(data / "exports" / "daily_revenue")),
-        }
+        },
     )
