@@ -335,7 +335,7 @@ class _Kit:
     def _learn(self, result: dg.ExecuteInProcessResult) -> None:
         """Record which assets were materialised, in run order, and which had stored output."""
         handled = {
-            (e.step_key, e.event_specific_data.output_name)
+            (e.step_key, getattr(e.event_specific_data, "output_name", None))
             for e in result.all_events
             if e.event_type_value == "HANDLED_OUTPUT"
         }
@@ -606,7 +606,7 @@ def _relocated(resources: Mapping[str, Any], directory: Path) -> dict[str, Any]:
     return moved
 
 
-def _with_field(resource: dg.ConfigurableResource, name: str, value: Any) -> Any:
+def _with_field(resource: Any, name: str, value: Any) -> Any:
     # model_copy keeps Dagster's stored config, so build a new resource from the fields.
     fields = type(resource).model_fields
     kwargs = {(info.alias or f): getattr(resource, f) for f, info in fields.items()}

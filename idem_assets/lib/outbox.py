@@ -152,7 +152,7 @@ class Outbox(dg.ConfigurableResource):
         context: dg.AssetExecutionContext | dg.OpExecutionContext,
         action: str,
         content: pa.Table | str,
-        send: Callable[[Delivery], None],
+        send: Callable[[Delivery], object],
         *,
         partition: str | None = None,
         on_stage: Callable[[str], None] | None = None,
