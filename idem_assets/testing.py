@@ -18,7 +18,6 @@ The first difference raises :class:`RerunSafetyError`, an ``AssertionError`` who
 the asset, the partition, the property and the rows only one side has.
 """
 
-import contextlib
 import random
 import warnings
 from collections import Counter
@@ -210,7 +209,10 @@ class _State:
 
     name: str
     directory: Path
+    #: As given (files moved into ``directory``); snapshots read through these.
     resources: dict[str, Any]
+    #: What the runs use: the same, or with every IO manager's loads reversed.
+    run_resources: dict[str, Any]
     instance: dg.DagsterInstance
     clock: datetime
 
@@ -249,7 +251,6 @@ class _Kit:
             c if c.tzinfo else c.replace(tzinfo=UTC)
             for c in clocks or _default_clocks(self.partitions_def, self.keys)
         )
-        self.stack = contextlib.ExitStack()
         self.states: list[_State] = []
         self.runs = 0
         self.order: list[str] = []
@@ -262,7 +263,6 @@ class _Kit:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stack.close()
         for state in self.states:
             state.instance.dispose()
 
@@ -277,16 +277,9 @@ class _Kit:
             if callable(self.resources)
             else _relocated(self.resources, directory)
         )
-        if shuffled:
-            built = self.stack.enter_context(dg.build_resources(res))
-            res = {
-                k: _ReversedLoads(getattr(built, k))
-                if isinstance(getattr(built, k), dg.IOManager)
-                else getattr(built, k)
-                for k in res
-            }
+        runs_with = {k: _reversing(r) for k, r in res.items()} if shuffled else res
         instance = dg.DagsterInstance.ephemeral()
-        state = _State(name, directory, res, instance, clock)
+        state = _State(name, directory, res, runs_with, instance, clock)
         self.states.append(state)
         return state
 
@@ -313,7 +306,7 @@ class _Kit:
                 try:
                     result = dg.materialize(
                         self.assets,
-                        resources=state.resources,
+                        resources=state.run_resources,
                         instance=state.instance,
                         partition_key=partition_key,
                         tags=tags,
@@ -362,11 +355,13 @@ class _Kit:
                 stored = self.stored.get(name)
                 if stored is None or (only is not None and name not in only):
                     continue
-                io_manager = getattr(
-                    built, stored.assets_def.get_io_manager_key_for_asset_key(stored.key)
-                )
-                for key in self.keys:
-                    snap[(name, key)] = _load(io_manager, stored, key)
+                resource_key = stored.assets_def.get_io_manager_key_for_asset_key(stored.key)
+                io_manager = getattr(built, resource_key)
+                config = _config_of(state.resources[resource_key])
+                # An unpartitioned asset among partitioned ones is stored once, not per key.
+                keys = self.keys if stored.assets_def.partitions_def is not None else [None]
+                for key in keys:
+                    snap[(name, key)] = _load(io_manager, config, stored, key)
         return snap
 
     def compare(
@@ -503,6 +498,27 @@ class _Kit:
         )
 
 
+def _reversing(resource: Any) -> Any:
+    """``resource`` with its loads reversed if it is an IO manager; anything else as it is."""
+    if isinstance(resource, dg.ConfigurableIOManagerFactory | dg.IOManagerDefinition):
+        # Keep the definition's config schema: IO managers read context.resource_config.
+        inner = (
+            resource
+            if isinstance(resource, dg.IOManagerDefinition)
+            else resource.get_resource_definition()
+        )
+        create: Any = inner.resource_fn
+        return dg.IOManagerDefinition(
+            resource_fn=lambda init: _ReversedLoads(create(init)),
+            config_schema=inner.config_schema,
+            required_resource_keys=inner.required_resource_keys,
+            description=inner.description,
+        )
+    if isinstance(resource, dg.IOManager):
+        return _ReversedLoads(resource)
+    return resource
+
+
 class _ReversedLoads(dg.IOManager):
     """Delegates to an IO manager, but hands every loaded input over in reverse row order.
 
@@ -606,11 +622,18 @@ def _relocated(resources: Mapping[str, Any], directory: Path) -> dict[str, Any]:
     return moved
 
 
+def _config_of(resource: Any) -> dict[str, Any] | None:
+    """A configurable resource's config, by the names its config schema uses."""
+    if not isinstance(resource, dg.ConfigurableResource | dg.ConfigurableIOManagerFactory):
+        return None
+    fields = type(resource).model_fields
+    return {(info.alias or f): getattr(resource, f) for f, info in fields.items()}
+
+
 def _with_field(resource: Any, name: str, value: Any) -> Any:
     # model_copy keeps Dagster's stored config, so build a new resource from the fields.
-    fields = type(resource).model_fields
-    kwargs = {(info.alias or f): getattr(resource, f) for f, info in fields.items()}
-    kwargs[fields[name].alias or name] = value
+    kwargs = _config_of(resource) or {}
+    kwargs[type(resource).model_fields[name].alias or name] = value
     return type(resource)(**kwargs)
 
 
@@ -621,7 +644,9 @@ def _definition_of(assets: Sequence[Any], key: dg.AssetKey) -> dg.AssetsDefiniti
     raise ConfigurationError(f"Asset {key.to_user_string()} is not among the assets given.")
 
 
-def _load(io_manager: dg.IOManager, stored: _Stored, key: str | None) -> pa.Table:
+def _load(
+    io_manager: dg.IOManager, config: Mapping[str, Any] | None, stored: _Stored, key: str | None
+) -> pa.Table:
     """Read one partition of an asset back the way a downstream asset would receive it."""
     pdef = stored.assets_def.partitions_def if key is not None else None
     metadata = stored.assets_def.metadata_by_key.get(stored.key, {})
@@ -636,9 +661,17 @@ def _load(io_manager: dg.IOManager, stored: _Stored, key: str | None) -> pa.Tabl
         upstream_output=upstream,
         partition_key=key,
         asset_partitions_def=pdef,
-        dagster_type=_ARROW,
+        dagster_type=_read_type(stored),
+        resource_config=config,
     )
     return _as_table(io_manager.load_input(context))
+
+
+def _read_type(stored: _Stored) -> dg.DagsterType:
+    """The type the asset declares for its output (IO managers pick a handler by it), else Arrow."""
+    output = stored.assets_def.get_output_name_for_asset_key(stored.key)
+    declared = stored.assets_def.op.output_dict[output].dagster_type
+    return declared if isinstance(declared.typing_type, type) else _ARROW
 
 
 def _as_table(value: Any) -> pa.Table:

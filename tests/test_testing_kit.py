@@ -220,8 +220,9 @@ def test_date_today_in_a_column_fails_the_clock_property(tmp_path: Path) -> None
         )
     err = caught.value
     assert (err.property, err.asset, err.partition) == ("clock", "stamped", DAY)
-    assert {r["exported_on"] for r in err.only_first} == {date(2026, 1, 3)}
-    assert {r["exported_on"] for r in err.only_second} == {date(2027, 2, 7)}
+    # Read back as the DataFrame the asset declares, so the DATE arrives as a datetime.
+    assert {r["exported_on"] for r in err.only_first} == {datetime(2026, 1, 3)}
+    assert {r["exported_on"] for r in err.only_second} == {datetime(2027, 2, 7)}
     assert err.labels == ("run at 2026-01-03 06:00 UTC", "run at 2027-02-07 17:00 UTC")
     assert "datetime.now()" in str(err)
 
@@ -344,3 +345,26 @@ def test_the_readme_outbox_example_sends_once_per_content(tmp_path: Path) -> Non
         )
     assert namespace["sent"] == [r.delivery.key for r in outbox.records()]
     assert len(namespace["sent"]) == 1
+
+
+def test_other_io_managers_are_read_back_through_their_own_load_input(tmp_path: Path) -> None:
+    from dagster_duckdb_pandas import DuckDBPandasIOManager
+
+    def duckdb_pandas(directory: Path) -> dict[str, Any]:
+        return {"io_manager": DuckDBPandasIOManager(database=str(directory / "w.duckdb"))}
+
+    assets = [orders, downstream("latest_orders", latest_sorted)]
+    report = assert_rerun_safe(
+        assets,
+        resources=duckdb_pandas,
+        partition_range=RANGE,
+        workdir=tmp_path / "safe",
+        properties=["rerun", "chunking", "input_order", "clock"],
+    )
+    assert report.compared == ["orders", "latest_orders"]
+
+    # Its DELETE and INSERT are two autocommits, and no publish stage is ever reached.
+    with pytest.raises(RerunSafetyError, match="does not publish through idem_assets"):
+        assert_crash_safe(
+            assets, resources=duckdb_pandas, partition=DAY, workdir=tmp_path / "crash"
+        )
