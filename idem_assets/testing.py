@@ -350,7 +350,7 @@ class _Kit:
     def snapshot(self, state: _State, only: Sequence[str] | None = None) -> Snapshot:
         """Every stored asset's rows per partition, read back through its own IO manager."""
         snap: Snapshot = {}
-        with dg.build_resources(state.resources) as built:
+        with dg.build_resources(state.resources, instance=state.instance) as built:
             for name in self.order:
                 stored = self.stored.get(name)
                 if stored is None or (only is not None and name not in only):
@@ -361,7 +361,7 @@ class _Kit:
                 # An unpartitioned asset among partitioned ones is stored once, not per key.
                 keys = self.keys if stored.assets_def.partitions_def is not None else [None]
                 for key in keys:
-                    snap[(name, key)] = _load(io_manager, config, stored, key)
+                    snap[(name, key)] = _load(io_manager, config, stored, key, state.instance)
         return snap
 
     def compare(
@@ -645,7 +645,11 @@ def _definition_of(assets: Sequence[Any], key: dg.AssetKey) -> dg.AssetsDefiniti
 
 
 def _load(
-    io_manager: dg.IOManager, config: Mapping[str, Any] | None, stored: _Stored, key: str | None
+    io_manager: dg.IOManager,
+    config: Mapping[str, Any] | None,
+    stored: _Stored,
+    key: str | None,
+    instance: dg.DagsterInstance,
 ) -> pa.Table:
     """Read one partition of an asset back the way a downstream asset would receive it."""
     pdef = stored.assets_def.partitions_def if key is not None else None
@@ -655,6 +659,7 @@ def _load(
         definition_metadata=metadata,
         partition_key=key,
         asset_partitions_def=pdef,
+        instance=instance,
     )
     context = dg.build_input_context(
         asset_key=stored.key,
@@ -663,6 +668,7 @@ def _load(
         asset_partitions_def=pdef,
         dagster_type=_read_type(stored),
         resource_config=config,
+        instance=instance,
     )
     return _as_table(io_manager.load_input(context))
 
