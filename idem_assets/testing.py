@@ -18,7 +18,8 @@ The first difference raises :class:`RerunSafetyError`, an ``AssertionError`` who
 the asset, the partition, the property and the rows only one side has.
 """
 
-import random
+import contextlib
+import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -135,7 +136,7 @@ def assert_rerun_safe(
     assets: Sequence[Any],
     *,
     resources: Resources,
-    workdir: Path,
+    workdir: Path | None = None,
     partition: str | None = None,
     partition_range: tuple[str, str] | None = None,
     properties: Collection[Property] = PROPERTIES,
@@ -144,14 +145,21 @@ def assert_rerun_safe(
     """Check every property (or ``properties``) on ``assets``; raise on the first unsafe one.
 
     ``assets`` is what ``dg.materialize`` takes (asset checks included). Give one ``partition``
-    or a ``partition_range`` (first, last); ``chunking`` needs a range of two or more.
+    or a ``partition_range`` (first, last); ``chunking`` needs a range of two or more. Each trial
+    gets a directory under ``workdir`` (pytest's ``tmp_path`` keeps them for a look after a
+    failure); without one, a temporary directory is used and removed.
     """
     unknown = set(properties) - set(PROPERTIES)
     if unknown:
         raise ConfigurationError(
             f"Unknown rerun-safety properties {sorted(unknown)}. Fix: choose from {PROPERTIES}."
         )
-    with _Kit(assets, resources, workdir, partition, partition_range, clocks) as kit:
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="idem_rerun_")))
+        kit = stack.enter_context(
+            _Kit(assets, resources, workdir, partition, partition_range, clocks)
+        )
         checked: list[Property] = []
         skipped: dict[str, str] = {}
         for prop in PROPERTIES:
@@ -550,17 +558,6 @@ def reverse_rows(value: Any) -> Any:
         return value.iloc[::-1].reset_index(drop=True)
     if isinstance(value, pa.Table):
         return value.take(pa.array(range(value.num_rows - 1, -1, -1), pa.int64()))
-    return value
-
-
-def shuffle_rows(value: Any, seed: int) -> Any:
-    """The rows of a DataFrame or Arrow table in a seeded random order; anything else unchanged."""
-    if isinstance(value, pd.DataFrame | pa.Table):
-        order = list(range(len(value)))
-        random.Random(seed).shuffle(order)
-        if isinstance(value, pd.DataFrame):
-            return value.iloc[order].reset_index(drop=True)
-        return value.take(pa.array(order, pa.int64()))
     return value
 
 

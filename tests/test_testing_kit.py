@@ -5,6 +5,7 @@ ones slip past the publish guards (a DATE, not a TIMESTAMP; a uuid without dashe
 user needs the kit as well.
 """
 
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -368,3 +369,13 @@ def test_other_io_managers_are_read_back_through_their_own_load_input(tmp_path: 
         assert_crash_safe(
             assets, resources=duckdb_pandas, partition=DAY, workdir=tmp_path / "crash"
         )
+
+
+def test_without_a_workdir_the_trials_run_in_a_temporary_directory_that_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    report = assert_rerun_idempotent([orders], resources=resources(), partition=DAY)
+    assert report.compared == ["orders"]
+    assert list(tmp_path.iterdir()) == []
