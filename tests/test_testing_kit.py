@@ -146,6 +146,23 @@ class AppendIOManager(dg.ConfigurableIOManager):
             ).df()
 
 
+class DeleteFirstIOManager(ia.DuckDBOverwriteIOManager):
+    """Deletes the window in its own autocommit, then publishes: dagster-io/dagster#14091."""
+
+    def handle_output(self, context: dg.OutputContext, obj: pd.DataFrame) -> None:
+        window = context.asset_partitions_time_window
+        with duckdb.connect(self.database) as con:
+            exists = con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'orders'"
+            ).fetchall()[0][0]
+            if exists:
+                con.execute(
+                    "DELETE FROM orders WHERE ordered_at >= ? AND ordered_at < ?",
+                    [window.start.replace(tzinfo=None), window.end.replace(tzinfo=None)],
+                )
+        super().handle_output(context, obj)
+
+
 def resources() -> dict[str, Any]:
     """The overwrite IO manager; the kit moves its file into each trial's directory."""
     return {"io_manager": ia.DuckDBOverwriteIOManager(database="w.duckdb")}
@@ -280,6 +297,23 @@ def test_the_crash_property_passes_on_one_transaction_and_names_other_writers(
     err = caught.value
     assert (err.property, err.asset) == ("crash", "orders_appended")
     assert "does not publish through idem_assets" in str(err)
+
+
+def test_a_delete_committed_before_the_publish_loses_the_window_at_a_crash(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(RerunSafetyError) as caught:
+        assert_crash_safe(
+            [orders],
+            resources={"io_manager": DeleteFirstIOManager(database="w.duckdb")},
+            partition=DAY,
+            workdir=tmp_path,
+        )
+    err = caught.value
+    assert (err.property, err.asset, err.partition) == ("crash", "orders", DAY)
+    assert err.labels == ("window before", "window after a crash at 'guards_passed'")
+    assert len(err.only_first) == 6 and err.only_second == []
+    assert "a crash part-way leaves a partial window" in str(err)
 
 
 def test_a_partition_and_not_a_range_skips_chunking_and_says_so(tmp_path: Path) -> None:
