@@ -186,7 +186,15 @@ class Outbox(dg.ConfigurableResource):
                     " receiver can drop it if it already arrived."
                 )
             stage("claimed")
-            send(delivery)
+            try:
+                send(delivery)
+            except Exception as exc:
+                exc.add_note(
+                    f"Outbox: {where}, revision {delivery.revision} stays pending; the next run"
+                    f" performs it again with the same key {delivery.key}, so the receiver can"
+                    " drop it if this attempt got through."
+                )
+                raise
             stage("performed")
             conn.execute(
                 "UPDATE outbox_deliveries SET status = 'delivered', delivered_at = ?"

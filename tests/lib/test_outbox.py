@@ -196,6 +196,14 @@ def test_a_failed_action_is_not_recorded_and_the_next_run_retries_it_with_the_sa
     runner.receiver.fail_next = 1
     failed = runner.run(raise_on_error=False)
     assert not failed.success
+    [failure] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    error = failure.event_specific_data.error  # type: ignore[union-attr]
+    while error.cause is not None and "HTTPError" not in error.cls_name:
+        error = error.cause
+    assert error.cls_name == "HTTPError"
+    assert f"stays pending; the next run performs it again with the same key {key(DAY, 1, 1)}" in (
+        error.to_string()
+    )
     [pending] = runner.records()
     assert (pending.status, pending.attempts) == ("pending", 1)
 
@@ -281,3 +289,26 @@ def test_a_range_run_must_name_the_partition_of_each_action(tmp_path: Path) -> N
             tags=RANGE_TAGS,
         )
     assert ia.Outbox(ledger=str(tmp_path / "o.sqlite")).records() == []
+
+
+def test_an_unpartitioned_asset_delivers_once_per_content(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    from .outbox_worker import Webhook
+
+    @dg.asset
+    def weekly_digest(
+        context: dg.AssetExecutionContext, outbox: ia.Outbox, webhook: Webhook
+    ) -> None:
+        table = summary("all", 7)
+        outbox.deliver(context, "digest", table, lambda d: webhook.post(d, {"n": table.num_rows}))
+
+    res = {
+        "outbox": ia.Outbox(ledger=str(tmp_path / "o.sqlite")),
+        "webhook": Webhook(url=receiver.url),
+    }
+    for _ in range(2):
+        dg.materialize([weekly_digest], resources=res)
+    [record] = ia.Outbox(ledger=str(tmp_path / "o.sqlite")).records()
+    assert (record.delivery.partition, record.status) == ("", "delivered")
+    assert receiver.keys() == [record.delivery.key]
