@@ -31,10 +31,12 @@ from typing import Any, Literal
 import dagster as dg
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from idem_assets.lib.duckdb_publish import PUBLISH_STAGES, STAGE_HOOK
 from idem_assets.lib.errors import ConfigurationError, format_sample
 from idem_assets.lib.outbox import DeliveryRecord, Outbox, content_fingerprint
+from idem_assets.lib.windows import bound_for
 
 Property = Literal["rerun", "chunking", "input_order", "clock", "crash"]
 PROPERTIES: tuple[Property, ...] = ("rerun", "chunking", "input_order", "clock", "crash")
@@ -43,6 +45,7 @@ PROPERTIES: tuple[Property, ...] = ("rerun", "chunking", "input_order", "clock",
 #: into each trial's directory), or a function of the trial's directory that builds them.
 Resources = Mapping[str, Any] | Callable[[Path], Mapping[str, Any]]
 
+_PROBE = "idem_rerun_safety_probe"
 _RANGE_START = "dagster/asset_partition_range_start"
 _RANGE_END = "dagster/asset_partition_range_end"
 _ARROW = dg.PythonObjectDagsterType(pa.Table)
@@ -301,11 +304,11 @@ class _Kit:
         raise_on_error: bool = True,
     ) -> list[dg.ExecuteInProcessResult]:
         """Materialise ``keys`` in one run (``chunked``) or one run per key, oldest first."""
-        batches: list[tuple[str | None, dict[str, str]]]
-        if chunked and len(keys) > 1:
-            batches = [(None, {_RANGE_START: str(keys[0]), _RANGE_END: str(keys[-1])})]
-        else:
-            batches = [(key, {}) for key in keys]
+        batches = (
+            [_partition_args(keys, chunked=True)]
+            if chunked
+            else [_partition_args([key], chunked=False) for key in keys]
+        )
         results = []
         for partition_key, tags in batches:
             with _travel(state.clock), warnings.catch_warnings():
@@ -356,21 +359,45 @@ class _Kit:
     # --- snapshots ---------------------------------------------------------------------------
 
     def snapshot(self, state: _State, only: Sequence[str] | None = None) -> Snapshot:
-        """Every stored asset's rows per partition, read back through its own IO manager."""
+        """Every stored asset's rows per partition, as a downstream asset receives them."""
+        names = [n for n in self.order if n in self.stored and (only is None or n in only)]
+        tables = self._probe(state, names)
         snap: Snapshot = {}
-        with dg.build_resources(state.resources, instance=state.instance) as built:
-            for name in self.order:
-                stored = self.stored.get(name)
-                if stored is None or (only is not None and name not in only):
-                    continue
-                resource_key = stored.assets_def.get_io_manager_key_for_asset_key(stored.key)
-                io_manager = getattr(built, resource_key)
-                config = _config_of(state.resources[resource_key])
-                # An unpartitioned asset among partitioned ones is stored once, not per key.
-                keys = self.keys if stored.assets_def.partitions_def is not None else [None]
-                for key in keys:
-                    snap[(name, key)] = _load(io_manager, config, stored, key, state.instance)
+        for name in names:
+            snap.update(_per_partition(name, tables[name], self.stored[name], self.keys))
         return snap
+
+    def _probe(self, state: _State, names: Sequence[str]) -> dict[str, pa.Table]:
+        """Load ``names`` for the trial's partitions in a real run of a downstream probe asset.
+
+        A real run, not a hand-built InputContext: an IO manager may read anything from its
+        context (the step, the instance, its own config), and this is what a reader gets.
+        """
+        captured: dict[str, pa.Table] = {}
+        ins = {
+            f"input_{i}": dg.AssetIn(
+                key=self.stored[n].key, dagster_type=_read_type(self.stored[n])
+            )
+            for i, n in enumerate(names)
+        }
+
+        @dg.asset(name=_PROBE, partitions_def=self.partitions_def, ins=ins)
+        def probe(**inputs: Any) -> None:
+            for i, n in enumerate(names):
+                captured[n] = _as_table(inputs[f"input_{i}"])
+
+        partition_key, tags = _partition_args(self.keys, chunked=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
+            dg.materialize(
+                [*self.assets, probe],
+                resources=state.resources,
+                instance=state.instance,
+                selection=[probe.key],
+                partition_key=partition_key,
+                tags=tags,
+            )
+        return captured
 
     def compare(
         self, prop: Property, labels: tuple[str, str], first: Snapshot, second: Snapshot
@@ -641,33 +668,45 @@ def _definition_of(assets: Sequence[Any], key: dg.AssetKey) -> dg.AssetsDefiniti
     raise ConfigurationError(f"Asset {key.to_user_string()} is not among the assets given.")
 
 
-def _load(
-    io_manager: dg.IOManager,
-    config: Mapping[str, Any] | None,
-    stored: _Stored,
-    key: str | None,
-    instance: dg.DagsterInstance,
-) -> pa.Table:
-    """Read one partition of an asset back the way a downstream asset would receive it."""
-    pdef = stored.assets_def.partitions_def if key is not None else None
-    metadata = stored.assets_def.metadata_by_key.get(stored.key, {})
-    upstream = dg.build_output_context(
-        asset_key=stored.key,
-        definition_metadata=metadata,
-        partition_key=key,
-        asset_partitions_def=pdef,
-        instance=instance,
+def _partition_args(keys: Sequence[str | None], chunked: bool) -> tuple[str | None, dict[str, str]]:
+    """``partition_key`` and tags of a run over ``keys``: one key, or the range as one run."""
+    if chunked and len(keys) > 1:
+        return None, {_RANGE_START: str(keys[0]), _RANGE_END: str(keys[-1])}
+    return keys[0], {}
+
+
+def _per_partition(
+    name: str, table: pa.Table, stored: _Stored, keys: Sequence[str | None]
+) -> Snapshot:
+    """Split an asset's rows of the whole range by partition, on its ``partition_expr`` column."""
+    pdef = stored.assets_def.partitions_def
+    if pdef is None:
+        return {(name, None): table}
+    if len(keys) == 1:
+        return {(name, keys[0]): table}
+    column = stored.assets_def.metadata_by_key.get(stored.key, {}).get("partition_expr")
+    column = getattr(column, "value", column)
+    if (
+        not isinstance(pdef, dg.TimeWindowPartitionsDefinition)
+        or not isinstance(column, str)
+        or column not in table.column_names
+    ):
+        return {(name, f"{keys[0]}...{keys[-1]}"): table}
+    values = table.column(column)
+    kind = (
+        "DATE"
+        if pa.types.is_date(values.type)
+        else "TIMESTAMPTZ"
+        if getattr(values.type, "tz", None)
+        else "TIMESTAMP"
     )
-    context = dg.build_input_context(
-        asset_key=stored.key,
-        upstream_output=upstream,
-        partition_key=key,
-        asset_partitions_def=pdef,
-        dagster_type=_read_type(stored),
-        resource_config=config,
-        instance=instance,
-    )
-    return _as_table(io_manager.load_input(context))
+    split: Snapshot = {}
+    for key in keys:
+        window = pdef.time_window_for_partition_key(str(key))
+        lo = pa.scalar(bound_for(window.start, kind), values.type)
+        hi = pa.scalar(bound_for(window.end, kind), values.type)
+        split[(name, key)] = table.filter((pc.field(column) >= lo) & (pc.field(column) < hi))
+    return split
 
 
 def _read_type(stored: _Stored) -> dg.DagsterType:

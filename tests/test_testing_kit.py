@@ -1,8 +1,8 @@
 """idem_assets.testing catches each unsafe pattern in deliberately unsafe assets, passes safe ones.
 
-Every example is a real asset materialised by the kit on DuckDB files under tmp_path; the unsafe
-ones slip past the publish guards (a DATE, not a TIMESTAMP; a uuid without dashes), which is why a
-user needs the kit as well.
+Every example is a real asset materialised by the kit on DuckDB files under tmp_path. The publish
+guards refuse some run-time values themselves, but not a DATE (date.today() looks like any date)
+and not what an IO manager without guards writes, which is why a user needs the kit as well.
 """
 
 import tempfile
@@ -18,6 +18,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 import pytest
+from dagster_duckdb_pandas import DuckDBPandasIOManager
 from pydantic import Field
 
 import idem_assets as ia
@@ -86,7 +87,7 @@ def stamped_today(context: dg.AssetExecutionContext, orders: pd.DataFrame) -> pd
 
 
 def random_ids(context: dg.AssetExecutionContext, orders: pd.DataFrame) -> pd.DataFrame:
-    return orders.assign(row_id=[uuid.uuid4().hex for _ in range(len(orders))])
+    return orders.assign(row_id=[str(uuid.uuid4()) for _ in range(len(orders))])
 
 
 def numbered(context: dg.AssetExecutionContext, orders: pd.DataFrame) -> pd.DataFrame:
@@ -168,6 +169,11 @@ def resources() -> dict[str, Any]:
     return {"io_manager": ia.DuckDBOverwriteIOManager(database="w.duckdb")}
 
 
+def duckdb_pandas(directory: Path) -> dict[str, Any]:
+    """dagster-duckdb's IO manager: a DELETE and an INSERT per output, no guards."""
+    return {"io_manager": DuckDBPandasIOManager(database=str(directory / "w.duckdb"))}
+
+
 def with_append(directory: Path) -> dict[str, Any]:
     """The append IO manager is not the library's, so the trial's directory is passed in."""
     return {
@@ -214,10 +220,12 @@ def test_an_append_io_manager_fails_the_rerun_with_the_doubled_rows(tmp_path: Pa
 
 
 def test_a_random_uuid_fails_the_rerun(tmp_path: Path) -> None:
+    # idem_assets' publish would refuse uuid4 values itself; dagster-duckdb's IO manager has no
+    # such guard, and the kit catches them under any IO manager.
     with pytest.raises(RerunSafetyError) as caught:
         assert_rerun_idempotent(
             [orders, downstream("with_ids", random_ids)],
-            resources=resources(),
+            resources=duckdb_pandas,
             partition=DAY,
             workdir=tmp_path,
         )
@@ -385,11 +393,6 @@ def test_the_readme_outbox_example_sends_once_per_content(tmp_path: Path) -> Non
 
 
 def test_other_io_managers_are_read_back_through_their_own_load_input(tmp_path: Path) -> None:
-    from dagster_duckdb_pandas import DuckDBPandasIOManager
-
-    def duckdb_pandas(directory: Path) -> dict[str, Any]:
-        return {"io_manager": DuckDBPandasIOManager(database=str(directory / "w.duckdb"))}
-
     assets = [orders, downstream("latest_orders", latest_sorted)]
     report = assert_rerun_safe(
         assets,
