@@ -27,6 +27,14 @@ from idem_assets.lib.errors import (
     StrayRowsError,
 )
 from idem_assets.lib.io_managers import DuckDBMergeIOManager, DuckDBOverwriteIOManager
+from idem_assets.lib.outbox import (
+    Delivery,
+    DeliveryRecord,
+    DeliveryResult,
+    Outbox,
+    content_fingerprint,
+    idempotency_key,
+)
 from idem_assets.lib.settings import WriteSettings, resolve_settings
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, window_from_keys
 
@@ -36,6 +44,9 @@ __all__ = [
     "BlockingCheckError",
     "Check",
     "ConfigurationError",
+    "Delivery",
+    "DeliveryRecord",
+    "DeliveryResult",
     "DuckDBMergeIOManager",
     "DuckDBOverwriteIOManager",
     "DuplicateKeyError",
@@ -45,6 +56,7 @@ __all__ = [
     "KeyOutsideWindowError",
     "MissingUpstreamError",
     "NullValueError",
+    "Outbox",
     "PartitionWindow",
     "PublishResult",
     "RuntimeValueError",
@@ -56,7 +68,9 @@ __all__ = [
     "audited_asset",
     "between",
     "content_changed",
+    "content_fingerprint",
     "freshness",
+    "idempotency_key",
     "in_window",
     "not_null",
     "publish",

@@ -159,7 +159,9 @@ def _day_sample(
         query = f"SELECT * FROM {_STAGED} WHERE {in_day} AND ({pred}) LIMIT {_SAMPLE_ROWS}"
         return sample_rows(con, query, params)
     if check.kind == "unique":
-        day_rows = con.sql(f"SELECT * FROM {_STAGED} WHERE {in_day}", params=params).to_arrow_table()
+        day_rows = con.sql(
+            f"SELECT * FROM {_STAGED} WHERE {in_day}", params=params
+        ).to_arrow_table()
         con.register(_DAY, day_rows)
         try:
             return sample_rows(con, sql.duplicate_key_sample(_DAY, check.columns))

@@ -6,6 +6,7 @@ crash tests drive it directly.
 """
 
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +36,12 @@ _UNSIGNED = ["UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"]
 _TIMESTAMPS = {"TIMESTAMP", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS"}
 # DuckDB 2 reads a pandas tz-aware column (nanoseconds) as TIMESTAMPTZ_NS.
 _TZ_TIMESTAMPS = {"TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ", "TIMESTAMPTZ_NS"}
+#: The stages a publish passes, in order; ``on_stage`` is called at each.
+PUBLISH_STAGES = ("guards_passed", "deleted", "inserted", "before_commit")
+
+#: An ``on_stage`` hook for every publish in this context that passes none, so a test can reach
+#: the publish inside an IO manager (``idem_assets.testing`` injects its crashes through it).
+STAGE_HOOK: ContextVar[Callable[[str], None] | None] = ContextVar("idem_stage_hook", default=None)
 
 
 @dataclass(frozen=True)
@@ -216,7 +223,7 @@ def publish(
     window survives. Production callers leave it unset.
     """
     now = now or datetime.now(UTC)
-    on_stage = on_stage or _no_stage
+    on_stage = on_stage or STAGE_HOOK.get() or _no_stage
     target = qualified(settings.schema, settings.table)
     where = _where(settings, window)
     conn.register(STAGED, batch)

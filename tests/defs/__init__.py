@@ -69,10 +69,14 @@ class Pipeline:
         landing.generate(self.root, d(first), d(last or first), rows=rows)
 
     def run(
-        self, first: str, last: str | None = None, assets: Sequence[str] | None = None
+        self,
+        first: str,
+        last: str | None = None,
+        assets: Sequence[str] | None = None,
+        job_name: str = JOB,
     ) -> dg.ExecuteInProcessResult:
-        """Run taxi_daily (or ``assets`` of it) for one day, or a range of days in one run."""
-        job = self.defs.resolve_job_def(JOB)
+        """Run taxi_daily (or ``assets`` of it, or another job) for a day or a range of days."""
+        job = self.defs.resolve_job_def(job_name)
         partition_key: str | None = first
         tags: dict[str, str] = {}
         if last is not None and last != first:
@@ -86,10 +90,14 @@ class Pipeline:
         )
 
     def run_ok(
-        self, first: str, last: str | None = None, assets: Sequence[str] | None = None
+        self,
+        first: str,
+        last: str | None = None,
+        assets: Sequence[str] | None = None,
+        job_name: str = JOB,
     ) -> dg.ExecuteInProcessResult:
         """Like :meth:`run`, but fail the test with the run's error when it does not succeed."""
-        result = self.run(first, last, assets)
+        result = self.run(first, last, assets, job_name)
         assert result.success, failure_text(result)
         return result
 
