@@ -1,13 +1,15 @@
 """Publish one batch into a DuckDB table: guards first, then one transaction.
 
-This module holds the DuckDB plumbing; the statements come from :mod:`idem_assets.lib.sql` and the
-window logic from :mod:`idem_assets.lib.windows`. It needs no Dagster context, so benchmarks and
-crash tests drive it directly.
+This module holds the DuckDB plumbing; the statements come from :mod:`idem_assets.lib.sql`, the
+column matching from :mod:`idem_assets.lib.duckdb_columns` and the window logic from
+:mod:`idem_assets.lib.windows`. It needs no Dagster context, so benchmarks and crash tests drive
+it directly.
 """
 
 import re
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +17,16 @@ import duckdb
 import pyarrow as pa
 
 from idem_assets.lib import sql
+from idem_assets.lib.duckdb_columns import (
+    FLOOR_UNIT,
+    StagedColumn,
+    refuse_lossy_values,
+    refuse_repeated_names,
+    stage_columns,
+)
+from idem_assets.lib.duckdb_columns import is_timestamp as _is_timestamp
 from idem_assets.lib.errors import (
+    ConfigurationError,
     DuplicateKeyError,
     EmptyBatchError,
     KeyOutsideWindowError,
@@ -25,24 +36,37 @@ from idem_assets.lib.errors import (
     StrayRowsError,
     format_sample,
 )
-from idem_assets.lib.identifiers import qualified, quote, validate_identifier
+from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.settings import WriteSettings
-from idem_assets.lib.windows import WriteWindow, bound_for
+from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for
 
-STAGED = "idem_staged_batch"
+#: The library's own names are not plain identifiers, so no asset, schema or column can be
+#: given one (validate_identifier refuses them) and shadow or be shadowed by them.
+BATCH_PREFIX = "idem-batch-"
+STAGED_PREFIX = "idem-staged-"
+OWNERS_SCHEMA = "main"
+OWNERS_TABLE = "idem-table-owners"
+OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
 
 #: A timestamp column whose every value lies this close to the wall clock, in a window that ended
 #: before then, was stamped at load time: a rerun would write different values.
 RUNTIME_STAMP_TOLERANCE = timedelta(hours=1)
 
-_INTEGERS = ["TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"]
-_UNSIGNED = ["UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"]
-_TIMESTAMPS = {"TIMESTAMP", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS"}
-# DuckDB 2 reads a pandas tz-aware column (nanoseconds) as TIMESTAMPTZ_NS.
-_TZ_TIMESTAMPS = {"TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ", "TIMESTAMPTZ_NS"}
+_UNIT_NAMES = {"us": "microsecond", "ms": "millisecond", "s": "second"}
 _RANDOM_UUID = re.compile(
     r"^[0-9a-f]{8}-[0-9a-f]{4}-[14][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$", re.IGNORECASE
 )
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """What one publish changed in one partition of a range."""
+
+    rows: int
+    fingerprint: str
+    inserted: int
+    updated: int
+    deleted: int
 
 
 @dataclass(frozen=True)
@@ -56,8 +80,8 @@ class PublishResult:
     partitions: list[str] = field(default_factory=list)
     fingerprint: str = ""
     table: str = ""
-    #: For a range publish: partition key to (rows, fingerprint) of that partition.
-    per_partition: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: For a range publish: each partition's own rows, fingerprint and changes.
+    per_partition: dict[str, PartitionResult] = field(default_factory=dict)
 
 
 def to_arrow(obj: object, asset: str) -> pa.Table:
@@ -71,7 +95,7 @@ def to_arrow(obj: object, asset: str) -> pa.Table:
     except ImportError:  # pragma: no cover - pandas is a dependency
         pd = None
     if pd is not None and isinstance(obj, pd.DataFrame):
-        return pa.Table.from_pandas(obj, preserve_index=False)
+        return pa.Table.from_pandas(_index_as_columns(obj, asset), preserve_index=False)
     raise TypeError(
         f"Asset '{asset}' returned {type(obj).__name__}; the idempotent IO managers store a"
         " pandas DataFrame or a pyarrow Table. Return one of those (an empty one with the right"
@@ -80,21 +104,24 @@ def to_arrow(obj: object, asset: str) -> pa.Table:
     )
 
 
-def _compatible(batch_type: str, table_type: str) -> bool:
-    if batch_type == table_type or batch_type == '"NULL"' or batch_type == "NULL":
-        return True
-    for family in (_INTEGERS, _UNSIGNED):
-        if batch_type in family and table_type in family:
-            return family.index(batch_type) <= family.index(table_type)
-    if batch_type in _TIMESTAMPS and table_type in _TIMESTAMPS:
-        return True
-    if batch_type in _TZ_TIMESTAMPS and table_type in _TZ_TIMESTAMPS:
-        return True
-    return batch_type == "FLOAT" and table_type == "DOUBLE"
+def _index_as_columns(frame: Any, asset: str) -> Any:
+    """Named index levels become columns, as ``reset_index`` makes them; unnamed ones are dropped.
 
-
-def _is_timestamp(t: str) -> bool:
-    return t in _TIMESTAMPS or t in _TZ_TIMESTAMPS
+    A named index holds data (``groupby("zone")`` puts the zones there); an unnamed one is only
+    row numbering.
+    """
+    named = [n for n in frame.index.names if n is not None]
+    if not named:
+        return frame
+    clash = [n for n in named if n in frame.columns]
+    if clash:
+        raise SchemaMismatchError(
+            f"Refused to write asset '{asset}': the DataFrame's index level(s) {clash} have the"
+            " name of a column too, so the index cannot be stored next to it. Nothing was"
+            " changed. Fix: drop the index if it is only row numbering"
+            " (df.reset_index(drop=True)), or rename it (df.rename_axis('other_name'))."
+        )
+    return frame.reset_index(level=named)
 
 
 def _one(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> tuple:
@@ -114,8 +141,10 @@ def table_columns(
     """Column name to type of an existing table, or ``None`` when there is no such table."""
     rows = conn.execute(
         # duckdb_columns() is the catalog itself; information_schema is a slower view over it.
+        # Names compare without regard to case, as DuckDB resolves them.
         "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name ="
-        " current_database() AND schema_name = ? AND table_name = ? ORDER BY column_index",
+        " current_database() AND lower(schema_name) = lower(?) AND lower(table_name) = lower(?)"
+        " ORDER BY column_index",
         [schema, table],
     ).fetchall()
     return {r[0]: r[1] for r in rows} if rows else None
@@ -130,78 +159,6 @@ def _sample(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] =
 def _where(settings: WriteSettings, window: WriteWindow | None) -> str:
     where = f"asset '{settings.asset}'"
     return f"{where}, partition {window.describe()}" if window else where
-
-
-def check_schema(
-    settings: WriteSettings,
-    window: WriteWindow | None,
-    batch_cols: dict[str, str],
-    table_cols: dict[str, str] | None,
-) -> None:
-    """Refuse a batch whose partition column is not a date/time, or that does not fit the table."""
-    where = _where(settings, window)
-    for c in batch_cols:
-        validate_identifier(c, f"Refused to write {where}: batch column")
-    needed = [settings.partition_expr] if settings.partition_expr else []
-    needed += list(settings.primary_key) + list(settings.dedupe_order_by)
-    absent = [c for c in dict.fromkeys(needed) if c not in batch_cols]
-    if absent:
-        raise SchemaMismatchError(
-            f"Refused to write {where}: the batch has no column(s) {absent}, which the asset's"
-            f" metadata names (partition_expr/primary_key/dedupe_order_by). Batch columns:"
-            f" {list(batch_cols)}. Fix: add the column(s) to the batch, or correct the metadata."
-        )
-    if settings.partition_expr:
-        ptype = batch_cols[settings.partition_expr]
-        if ptype != "DATE" and not _is_timestamp(ptype):
-            raise SchemaMismatchError(
-                f"Refused to write {where}: partition column '{settings.partition_expr}' is"
-                f" {ptype}, not DATE or TIMESTAMP, so window bounds would compare as text. Fix:"
-                f" convert it, e.g. df['{settings.partition_expr}'] ="
-                f" pd.to_datetime(df['{settings.partition_expr}'])."
-            )
-    if table_cols is None:
-        # A column whose every value is None has no type; the table would keep a "NULL" column
-        # that no later batch with real values fits.
-        untyped = [c for c, t in batch_cols.items() if t in ('"NULL"', "NULL")]
-        if untyped:
-            raise SchemaMismatchError(
-                f"Refused to write {where}: column(s) {untyped} hold only NULL and have no type,"
-                f" so table {settings.schema}.{settings.table} cannot be created from this batch."
-                " Nothing was changed. Fix: give the column a type, e.g."
-                f" df['{untyped[0]}'] = df['{untyped[0]}'].astype('float64'), or build the Arrow"
-                " table with an explicit schema."
-            )
-        return
-    missing = [c for c in table_cols if c not in batch_cols]
-    extra = [c for c in batch_cols if c not in table_cols]
-    changed = [
-        f"{c}: table {table_cols[c]}, batch {batch_cols[c]}"
-        for c in batch_cols
-        if c in table_cols and not _compatible(batch_cols[c], table_cols[c])
-    ]
-    if missing or extra or changed:
-        target = f"{settings.schema}.{settings.table}"
-        problems = []
-        if missing:
-            problems.append(f"missing columns {missing}")
-        if extra:
-            problems.append(f"extra columns {extra}")
-        if changed:
-            problems.append("incompatible types [" + "; ".join(changed) + "]")
-        tz_hint = (
-            " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
-            " make both naive (tz_localize(None)) or both aware."
-            if any("TIME ZONE" in c or "TIMESTAMPTZ" in c for c in changed)
-            else ""
-        )
-        raise SchemaMismatchError(
-            f"Refused to write {where}: the batch does not match table {target}: "
-            + ", ".join(problems)
-            + ". Nothing was changed. Fix: make the batch produce the table's columns and types;"
-            f" or, for an intended schema change, migrate the table first (ALTER TABLE {target}"
-            " ADD COLUMN ... / ALTER COLUMN ... TYPE ...) and rerun." + tz_hint
-        )
 
 
 def _check_runtime_values(
@@ -274,16 +231,20 @@ def publish(
     """
     now = now or datetime.now(UTC)
     on_stage = on_stage or _no_stage
-    target = qualified(settings.schema, settings.table)
     where = _where(settings, window)
-    conn.register(STAGED, batch)
+    refuse_repeated_names(batch.column_names, where)
+    # Unique per publish: cursors of one connection share its registered names.
+    token = uuid.uuid4().hex
+    raw, staged = BATCH_PREFIX + token, STAGED_PREFIX + token
+    conn.register(raw, batch)
     failed = False
     try:
         conn.execute("BEGIN TRANSACTION")
         try:
             result = _publish_in_transaction(
-                conn, batch, settings, window, target, where, now, on_stage
+                conn, quote(raw), quote(staged), settings, window, where, now, on_stage
             )
+            conn.execute(f"DROP VIEW {quote(staged)}")
             on_stage("before_commit")
             conn.execute("COMMIT")
             return result
@@ -300,7 +261,7 @@ def publish(
             raise
     finally:
         try:
-            conn.unregister(STAGED)
+            conn.unregister(raw)
         except duckdb.Error:
             if not failed:
                 raise
@@ -321,37 +282,76 @@ def _no_stage(stage: str) -> None:
     pass
 
 
+def _stage(
+    conn: duckdb.DuckDBPyConnection,
+    raw: str,
+    staged: str,
+    settings: WriteSettings,
+    where: str,
+    table_cols: dict[str, str] | None,
+) -> tuple[list[StagedColumn], WriteSettings]:
+    """Create the staged view: the batch cast to the stored types, under the stored names.
+
+    Returns its columns and the settings with every column name spelt as stored.
+    """
+    columns = stage_columns(settings, where, column_types(conn, raw), table_cols)
+    checked = [c for c in columns if c.conversion == "checked"]
+    if checked:
+        found = _one(
+            conn, sql.lossy_values(raw, [(c.name, c.type, c.stored_type) for c in checked])
+        )
+        for i, column in enumerate(checked):
+            if found[2 * i]:
+                target = f"{settings.schema}.{settings.table}"
+                refuse_lossy_values(where, target, column, found[2 * i], found[2 * i + 1])
+    selects = ", ".join(c.select() for c in columns)
+    conn.execute(f"CREATE TEMP VIEW {staged} AS SELECT {selects} FROM {raw}")
+    stored = {c.name.lower(): c.stored_name for c in columns}
+
+    def spelt(names: Sequence[str]) -> tuple[str, ...]:
+        return tuple(stored[n.lower()] for n in names)
+
+    pcol = settings.partition_expr
+    return columns, replace(
+        settings,
+        partition_expr=stored[pcol.lower()] if pcol else None,
+        primary_key=spelt(settings.primary_key),
+        dedupe_order_by=spelt(settings.dedupe_order_by),
+    )
+
+
 def _publish_in_transaction(
     conn: duckdb.DuckDBPyConnection,
-    batch: pa.Table,
+    raw: str,
+    staged: str,
     settings: WriteSettings,
     window: WriteWindow | None,
-    target: str,
     where: str,
     now: datetime,
     on_stage: Callable[[str], None],
 ) -> PublishResult:
-    names = batch.column_names
-    repeated = sorted({c for c in names if names.count(c) > 1})
-    if repeated:
-        # DuckDB would rename the second copy (fare_1) and store it as a column of its own.
-        raise SchemaMismatchError(
-            f"Refused to write {where}: the batch has more than one column named {repeated}."
-            " Nothing was changed. Fix: drop or rename the duplicates (e.g. after a join, select"
-            " the columns you mean to keep)."
-        )
-    batch_cols = column_types(conn, STAGED)
+    owner = table_owner(conn, settings.schema, settings.table)
+    if owner is not None and owner != settings.asset:
+        _refuse_other_owner(settings, where, owner)
+    target = qualified(settings.schema, settings.table)
     table_cols = table_columns(conn, settings.schema, settings.table)
-    check_schema(settings, window, batch_cols, table_cols)
+    columns, settings = _stage(conn, raw, staged, settings, where, table_cols)
+    stored_cols = {c.stored_name: c.stored_type for c in columns}
 
     pcol = settings.partition_expr if window else None
     spans: list[tuple[Any, Any]] = []
+    bounds: list[tuple[str, Any, Any]] = []
     if pcol and window:
-        ptype = (table_cols or batch_cols)[pcol]
+        ptype = stored_cols[pcol]
         spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
+        if len(window.partitions) > 1:
+            bounds = [
+                (p.key, bound_for(p.start, ptype), bound_for(p.end, ptype))
+                for p in window.partitions
+            ]
     key = list(settings.primary_key)
 
-    source = STAGED
+    source = staged
     # Duplicate keys only matter to a merge; with dedupe_order_by they are resolved in the
     # INSERT itself, so the costly distinct count runs only where it can refuse the batch.
     dedupe = settings.mode == "merge" and bool(settings.dedupe_order_by)
@@ -366,11 +366,13 @@ def _publish_in_transaction(
             f" date those rows before returning the batch. Sample:\n"
             + _sample(conn, sql.null_sample(source, [str(pcol)]))
         )
-    if outside and pcol:
+    if outside and pcol and window:
+        partition_column = next(c for c in columns if c.stored_name == pcol)
+        _refuse_rounded_out(conn, raw, partition_column, window, spans, rows, where)
         q, p = sql.stray_rows_sample(source, pcol, spans)
         raise StrayRowsError(
             f"Refused to write {where}: {outside} of {rows} rows have '{pcol}' outside the window"
-            f" [{window.start if window else ''}, {window.end if window else ''}). Writing them"
+            f" [{window.start}, {window.end}). Writing them"
             " would put rows into another partition (or, for a partition overwrite, wipe it)."
             " Nothing was changed. Fix: filter the batch to the run's window"
             " (context.partition_time_window), or route those rows to their own partition's"
@@ -391,26 +393,40 @@ def _publish_in_transaction(
             f"{key!r}, 'dedupe_order_by': ['updated_at']}}. Sample:\n"
             + _sample(conn, sql.duplicate_key_sample(source, key))
         )
-    _check_runtime_values(conn, source, settings, window, batch_cols, now)
+    _check_runtime_values(conn, source, settings, window, stored_cols, now)
 
-    existing = 0
+    existing, existing_by_part = 0, {}
     if table_cols is not None:
-        q, p = sql.count_window(target, pcol, spans)
-        existing = (_one(conn, q, p) or (0,))[0]
+        if bounds and pcol:
+            q, p = sql.count_by_partition(target, pcol, bounds)
+            existing_by_part = dict(conn.execute(q, p).fetchall())
+            existing = sum(existing_by_part.values())
+        else:
+            q, p = sql.count_window(target, pcol, spans)
+            existing = (_one(conn, q, p) or (0,))[0]
     # An upsert without deletes cannot erase anything, so only the replacing writes are guarded.
     erases = settings.mode == "overwrite" or settings.delete_missing
-    if rows == 0 and existing and erases and not settings.allow_empty:
-        raise EmptyBatchError(
-            f"Refused to write {where}: the batch is empty but the window holds {existing} rows;"
-            " publishing it would silently erase them. Nothing was changed. Fix: find out why"
-            " the input is empty; if the partition really is empty now, declare it:"
-            " metadata={'allow_empty': True}."
-        )
+    if existing and erases and not settings.allow_empty:
+        if bounds and pcol:
+            _refuse_emptied_partitions(conn, source, pcol, bounds, existing_by_part, rows, where)
+        elif rows == 0:
+            raise EmptyBatchError(
+                f"Refused to write {where}: the batch is empty but the window holds {existing}"
+                " rows; publishing it would silently erase them. Nothing was changed. Fix: find"
+                " out why the input is empty; if the partition really is empty now, declare it:"
+                " metadata={'allow_empty': True}."
+            )
 
-    matched = 0
+    matched, matched_by_part = 0, {}
     if settings.mode == "merge" and table_cols is not None:
-        q, p = sql.merge_counts(target, source, key, pcol, spans)
-        matched, outside_keys = _one(conn, q, p) or (0, 0)
+        if bounds and pcol:
+            q, p = sql.matched_by_partition(target, source, key, pcol, bounds)
+            matched_by_part = dict(conn.execute(q, p).fetchall())
+            outside_keys = matched_by_part.pop(None, 0)
+            matched = sum(matched_by_part.values())
+        else:
+            q, p = sql.merge_counts(target, source, key, pcol, spans)
+            matched, outside_keys = _one(conn, q, p) or (0, 0)
         if outside_keys and pcol:
             q, p = sql.keys_outside_window_sample(target, source, key, pcol, spans)
             raise KeyOutsideWindowError(
@@ -422,9 +438,11 @@ def _publish_in_transaction(
             )
 
     on_stage("guards_passed")
+    if owner is None:
+        claim_table(conn, settings.schema, settings.table, settings.asset)
     if table_cols is None:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(settings.schema)}")
-        conn.execute(_create_statement(target, source, batch_cols))
+        conn.execute(f"CREATE TABLE {target} AS SELECT * FROM {staged} LIMIT 0")
     if settings.mode == "merge" and not settings.delete_missing:
         conn.execute(sql.delete_matching_keys(target, source, key))
         deleted = 0
@@ -441,33 +459,31 @@ def _publish_in_transaction(
             updated, deleted = 0, existing
     on_stage("deleted")
     insert_from = (
-        f"({sql.dedupe(STAGED, key, settings.dedupe_order_by, list(batch_cols))})"
+        f"({sql.dedupe(staged, key, settings.dedupe_order_by, list(stored_cols))})"
         if dedupe
         else source
     )
-    order_by = pcol if window and len(window.partitions) > 1 else None
+    order_by = pcol if bounds else None
     # DuckDB answers an INSERT with the number of rows it wrote: after dedup, the batch's size.
     rows = _one(conn, sql.insert_by_name(target, insert_from, order_by))[0]
     inserted = rows - updated
     on_stage("inserted")
 
-    columns = list(table_cols or batch_cols)
-    per_partition: dict[str, tuple[int, str]] = {}
-    if pcol and window and len(window.partitions) > 1:
-        ptype = (table_cols or batch_cols)[pcol]
-        bounds = [
-            (w.key, bound_for(w.start, ptype), bound_for(w.end, ptype)) for w in window.partitions
-        ]
-        q, p = sql.partition_fingerprints(target, columns, pcol, bounds)
-        found = {key: (n, d) for key, n, d in conn.execute(q, p).fetchall()}
+    table_column_names = list(table_cols or stored_cols)
+    per_partition: dict[str, PartitionResult] = {}
+    if bounds and pcol and window:
+        q, p = sql.partition_fingerprints(target, table_column_names, pcol, bounds)
+        found = {k: (n, d) for k, n, d in conn.execute(q, p).fetchall()}
         per_partition = {
-            w.key: (found.get(w.key, (0, 0))[0], _digest(*found.get(w.key, (0, 0))))
-            for w in window.partitions
+            part.key: _partition_result(
+                settings, found.get(part.key, (0, 0)), existing_by_part, matched_by_part, part
+            )
+            for part in window.partitions
         }
         count = sum(n for n, _ in found.values())
         digest = sum(d for _, d in found.values())
     else:
-        q, p = sql.fingerprint(target, columns, pcol, spans)
+        q, p = sql.fingerprint(target, table_column_names, pcol, spans)
         count, digest = _one(conn, q, p) or (0, 0)
     return PublishResult(
         rows=count,
@@ -481,26 +497,133 @@ def _publish_in_transaction(
     )
 
 
+def _partition_result(
+    settings: WriteSettings,
+    stored: tuple[int, int],
+    existing: dict[str, int],
+    matched: dict[str, int],
+    part: PartitionWindow,
+) -> PartitionResult:
+    """One partition's share of a range publish, from counts taken in its transaction."""
+    rows, before, hits = stored[0], existing.get(part.key, 0), matched.get(part.key, 0)
+    if settings.mode == "overwrite":
+        inserted, updated, deleted = rows, 0, before
+    elif settings.delete_missing:
+        inserted, updated, deleted = rows - hits, hits, before - hits
+    else:
+        inserted, updated, deleted = rows - before, hits, 0
+    return PartitionResult(rows, _digest(*stored), inserted, updated, deleted)
+
+
+def _refuse_rounded_out(
+    conn: duckdb.DuckDBPyConnection,
+    raw: str,
+    column: StagedColumn,
+    window: WriteWindow,
+    spans: Sequence[tuple[Any, Any]],
+    rows: int,
+    where: str,
+) -> None:
+    """Refuse rows that lie inside the window as sent but outside it once stored."""
+    if column.type == column.stored_type:
+        return
+    batch_spans = [
+        (bound_for(s, column.type), bound_for(e, column.type)) for s, e in window.spans()
+    ]
+    q, p = sql.rounded_out_of_window(raw, column.name, column.stored_expression, batch_spans, spans)
+    found = conn.execute(q, p).fetchall()
+    if not found:
+        return
+    unit = FLOOR_UNIT.get(column.stored_type, "us")
+    c = column.name
+    raise StrayRowsError(
+        f"Refused to write {where}: {found[0][2]} of {rows} rows have '{c}' inside the window at"
+        f" the batch's precision ({column.type}) but outside it as stored: the table's"
+        f" {column.stored_type} rounds to the nearest {_UNIT_NAMES[unit]}, so {found[0][0]} becomes"
+        f" {found[0][1]}. Stored there, a row would belong to the next partition: that"
+        " partition's run would delete it, and every rerun of this one would add it again."
+        " Nothing was changed. Fix: floor the column to the stored precision before returning"
+        f" it, e.g. df['{c}'] = df['{c}'].dt.floor('{unit}'). Sample:\n"
+        + format_sample(["batch_value", "stored_value"], [r[:2] for r in found])
+    )
+
+
+def _refuse_emptied_partitions(
+    conn: duckdb.DuckDBPyConnection,
+    source: str,
+    pcol: str,
+    bounds: Sequence[tuple[str, Any, Any]],
+    existing: dict[str, int],
+    rows: int,
+    where: str,
+) -> None:
+    """Refuse a range batch with no rows for a partition that holds rows."""
+    batch_by_part: dict[str, int] = {}
+    if rows:
+        q, p = sql.count_by_partition(source, pcol, bounds)
+        batch_by_part = dict(conn.execute(q, p).fetchall())
+    emptied = [k for k, _, _ in bounds if existing.get(k) and not batch_by_part.get(k)]
+    if emptied:
+        raise EmptyBatchError(
+            f"Refused to write {where}: the batch has no rows for partition(s) {emptied}, which"
+            f" hold {[existing[k] for k in emptied]} rows; publishing it would silently erase"
+            " them. Nothing was changed. Fix: find out why the input has no rows for them (or"
+            " run only the partitions it covers); if they really are empty now, declare it:"
+            " metadata={'allow_empty': True}."
+        )
+
+
+def table_owner(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> str | None:
+    """The asset key (user string) that owns ``schema.table``, or ``None`` if none claimed it."""
+    exists = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"
+        " AND schema_name = ? AND table_name = ?",
+        [OWNERS_SCHEMA, OWNERS_TABLE],
+    ).fetchall()[0][0]
+    if not exists:
+        return None
+    rows = conn.execute(
+        f"SELECT asset_key FROM {OWNERS} WHERE schema_key = ? AND table_key = ?",
+        [schema.lower(), table.lower()],
+    ).fetchall()
+    return rows[0][0] if rows else None
+
+
+def claim_table(conn: duckdb.DuckDBPyConnection, schema: str, table: str, asset: str) -> None:
+    """Record ``asset`` as the owner of ``schema.table`` (names compared without case)."""
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {OWNERS} (schema_key VARCHAR, table_key VARCHAR,"
+        " asset_key VARCHAR NOT NULL, PRIMARY KEY (schema_key, table_key))"
+    )
+    conn.execute(f"INSERT INTO {OWNERS} VALUES (?, ?, ?)", [schema.lower(), table.lower(), asset])
+
+
+def _refuse_other_owner(settings: WriteSettings, where: str, owner: str) -> None:
+    target = f"{settings.schema}.{settings.table}"
+    prefix = settings.asset.split("/")[:-1]
+    by_case = (
+        " The two asset keys differ only in case, and DuckDB compares names without regard to case."
+        if owner.lower() == settings.asset.lower()
+        else ""
+    )
+    own_table = (
+        f"metadata={{'schema': '{prefix[-1]}'}} (or leave the IO manager's 'schema' unset, so"
+        " the key prefix names the schema)"
+        if prefix and prefix[-1].lower() != settings.schema.lower()
+        else "another asset name, or metadata={'schema': '<a schema of its own>'}"
+    )
+    raise ConfigurationError(
+        f"Refused to write {where}: table {target} belongs to asset '{owner}', which wrote it"
+        f" first; two assets writing one table would replace each other's rows.{by_case}"
+        f" Nothing was changed. Fix: give this asset a table of its own: {own_table}. If this"
+        f" asset replaces '{owner}' (a renamed asset), hand the table over first: UPDATE"
+        f" {OWNERS} SET asset_key = '{settings.asset}' WHERE schema_key ="
+        f" '{settings.schema.lower()}' AND table_key = '{settings.table.lower()}'."
+    )
+
+
 def _digest(count: int, hash_sum: int) -> str:
     return f"{count}:{int(hash_sum) % (1 << 128):032x}"
-
-
-def _create_statement(target: str, source: str, batch_cols: dict[str, str]) -> str:
-    # pandas hands DuckDB nanosecond timestamps; store microseconds, DuckDB's native precision,
-    # so later Arrow batches and SQL literals compare without casts.
-    native = {
-        "TIMESTAMP_S": "TIMESTAMP",
-        "TIMESTAMP_MS": "TIMESTAMP",
-        "TIMESTAMP_NS": "TIMESTAMP",
-        "TIMESTAMPTZ_NS": "TIMESTAMPTZ",
-    }
-    recast = [
-        f"CAST({quote(c)} AS {native[t]}) AS {quote(c)}"
-        for c, t in batch_cols.items()
-        if t in native
-    ]
-    replace = f" REPLACE ({', '.join(recast)})" if recast else ""
-    return f"CREATE TABLE {target} AS SELECT *{replace} FROM {source} LIMIT 0"
 
 
 def table_fingerprint(
@@ -520,6 +643,9 @@ def table_fingerprint(
             (bound_for(s, cols[partition_column]), bound_for(e, cols[partition_column]))
             for s, e in window.spans()
         ]
-    q, p = sql.fingerprint(qualified(schema, table), list(cols), partition_column, spans)
+    # The library's own table has a name no user table can have, so it skips that check.
+    own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
+    target = OWNERS if own else qualified(schema, table)
+    q, p = sql.fingerprint(target, list(cols), partition_column, spans)
     count, digest = _one(conn, q, p) or (0, 0)
     return _digest(count, digest)

@@ -544,7 +544,7 @@ CASES: dict[str, Case] = {
         integer_to_text,
         ia.SchemaMismatchError,
         ("passenger_count: table BIGINT, batch VARCHAR",),
-        ("ALTER COLUMN ... TYPE",),
+        ("ALTER TABLE main.raw_trips ALTER COLUMN passenger_count TYPE VARCHAR",),
     ),
     "reordered-columns": Case(reordered_columns, None, ()),
     "tz-aware-into-naive": Case(
