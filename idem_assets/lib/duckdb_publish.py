@@ -320,6 +320,71 @@ def _stage(
     )
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """What one publish writes: the staged batch, the target table and the window's bounds."""
+
+    settings: WriteSettings
+    window: WriteWindow | None
+    where: str
+    raw: str
+    staged: str
+    target: str
+    columns: list[StagedColumn]
+    table_exists: bool
+    pcol: str | None
+    spans: list[tuple[Any, Any]]
+    #: A range's partitions with their bounds; empty for one partition or none.
+    bounds: list[tuple[str, Any, Any]]
+
+    @property
+    def key(self) -> list[str]:
+        """The merge key, spelt as stored."""
+        return list(self.settings.primary_key)
+
+    @property
+    def stored_types(self) -> dict[str, str]:
+        """Stored column name to stored type."""
+        return {c.stored_name: c.stored_type for c in self.columns}
+
+
+def _scope(
+    conn: duckdb.DuckDBPyConnection,
+    raw: str,
+    staged: str,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    where: str,
+) -> _Scope:
+    """Stage the batch and work out the window's bounds in the stored partition column's type."""
+    table_cols = table_columns(conn, settings.schema, settings.table)
+    columns, settings = _stage(conn, raw, staged, settings, where, table_cols)
+    pcol = settings.partition_expr if window else None
+    spans: list[tuple[Any, Any]] = []
+    bounds: list[tuple[str, Any, Any]] = []
+    if pcol and window:
+        ptype = next(c.stored_type for c in columns if c.stored_name == pcol)
+        spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
+        if len(window.partitions) > 1:
+            bounds = [
+                (p.key, bound_for(p.start, ptype), bound_for(p.end, ptype))
+                for p in window.partitions
+            ]
+    return _Scope(
+        settings=settings,
+        window=window,
+        where=where,
+        raw=raw,
+        staged=staged,
+        target=qualified(settings.schema, settings.table),
+        columns=columns,
+        table_exists=table_cols is not None,
+        pcol=pcol,
+        spans=spans,
+        bounds=bounds,
+    )
+
+
 def _publish_in_transaction(
     conn: duckdb.DuckDBPyConnection,
     raw: str,
@@ -333,29 +398,31 @@ def _publish_in_transaction(
     owner = table_owner(conn, settings.schema, settings.table)
     if owner is not None and owner != settings.asset:
         _refuse_other_owner(settings, where, owner)
-    target = qualified(settings.schema, settings.table)
-    table_cols = table_columns(conn, settings.schema, settings.table)
-    columns, settings = _stage(conn, raw, staged, settings, where, table_cols)
-    stored_cols = {c.stored_name: c.stored_type for c in columns}
+    scope = _scope(conn, raw, staged, settings, window, where)
+    rows = _refuse_unsafe_rows(conn, scope)
+    _check_runtime_values(conn, scope.staged, scope.settings, window, scope.stored_types, now)
+    existing = _existing_rows(conn, scope)
+    _refuse_erasing(conn, scope, rows, existing)
+    matched = _matched_rows(conn, scope)
 
-    pcol = settings.partition_expr if window else None
-    spans: list[tuple[Any, Any]] = []
-    bounds: list[tuple[str, Any, Any]] = []
-    if pcol and window:
-        ptype = stored_cols[pcol]
-        spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
-        if len(window.partitions) > 1:
-            bounds = [
-                (p.key, bound_for(p.start, ptype), bound_for(p.end, ptype))
-                for p in window.partitions
-            ]
-    key = list(settings.primary_key)
+    on_stage("guards_passed")
+    if owner is None:
+        claim_table(conn, settings.schema, settings.table, settings.asset)
+    inserted, updated, deleted = _write(conn, scope, existing, matched, on_stage)
+    on_stage("inserted")
+    return _result(conn, scope, inserted, updated, deleted, existing, matched)
 
-    source = staged
+
+def _refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: _Scope) -> int:
+    """Refuse NULL or stray partition values, NULL keys and (for a merge) duplicate keys.
+
+    Returns the batch's row count.
+    """
+    source, pcol, spans, key, where = scope.staged, scope.pcol, scope.spans, scope.key, scope.where
+    settings = scope.settings
     # Duplicate keys only matter to a merge; with dedupe_order_by they are resolved in the
     # INSERT itself, so the costly distinct count runs only where it can refuse the batch.
-    dedupe = settings.mode == "merge" and bool(settings.dedupe_order_by)
-    count_duplicates = settings.mode == "merge" and not dedupe
+    count_duplicates = settings.mode == "merge" and not settings.dedupe_order_by
     q, p = sql.batch_profile(source, pcol, spans, key, count_duplicates)
     rows, null_partition, outside, null_key, duplicates = _one(conn, q, p) or (0,) * 5
 
@@ -366,9 +433,10 @@ def _publish_in_transaction(
             f" date those rows before returning the batch. Sample:\n"
             + _sample(conn, sql.null_sample(source, [str(pcol)]))
         )
-    if outside and pcol and window:
-        partition_column = next(c for c in columns if c.stored_name == pcol)
-        _refuse_rounded_out(conn, raw, partition_column, window, spans, rows, where)
+    if outside and pcol and scope.window:
+        window = scope.window
+        partition_column = next(c for c in scope.columns if c.stored_name == pcol)
+        _refuse_rounded_out(conn, scope.raw, partition_column, window, spans, rows, where)
         q, p = sql.stray_rows_sample(source, pcol, spans)
         raise StrayRowsError(
             f"Refused to write {where}: {outside} of {rows} rows have '{pcol}' outside the window"
@@ -393,106 +461,149 @@ def _publish_in_transaction(
             f"{key!r}, 'dedupe_order_by': ['updated_at']}}. Sample:\n"
             + _sample(conn, sql.duplicate_key_sample(source, key))
         )
-    _check_runtime_values(conn, source, settings, window, stored_cols, now)
+    return rows
 
-    existing, existing_by_part = 0, {}
-    if table_cols is not None:
-        if bounds and pcol:
-            q, p = sql.count_by_partition(target, pcol, bounds)
-            existing_by_part = dict(conn.execute(q, p).fetchall())
-            existing = sum(existing_by_part.values())
-        else:
-            q, p = sql.count_window(target, pcol, spans)
-            existing = (_one(conn, q, p) or (0,))[0]
+
+def _existing_rows(conn: duckdb.DuckDBPyConnection, scope: _Scope) -> dict[str | None, int]:
+    """Rows the window holds now: per partition of a range, else under the key ``None``."""
+    if not scope.table_exists:
+        return {}
+    if scope.bounds and scope.pcol:
+        q, p = sql.count_by_partition(scope.target, scope.pcol, scope.bounds)
+        return dict(conn.execute(q, p).fetchall())
+    q, p = sql.count_window(scope.target, scope.pcol, scope.spans)
+    return {None: (_one(conn, q, p) or (0,))[0]}
+
+
+def _refuse_erasing(
+    conn: duckdb.DuckDBPyConnection, scope: _Scope, rows: int, existing: dict[str | None, int]
+) -> None:
+    """Refuse a batch that would empty a partition holding rows, unless that is declared."""
+    settings = scope.settings
     # An upsert without deletes cannot erase anything, so only the replacing writes are guarded.
     erases = settings.mode == "overwrite" or settings.delete_missing
-    if existing and erases and not settings.allow_empty:
-        if bounds and pcol:
-            _refuse_emptied_partitions(conn, source, pcol, bounds, existing_by_part, rows, where)
-        elif rows == 0:
-            raise EmptyBatchError(
-                f"Refused to write {where}: the batch is empty but the window holds {existing}"
-                " rows; publishing it would silently erase them. Nothing was changed. Fix: find"
-                " out why the input is empty; if the partition really is empty now, declare it:"
-                " metadata={'allow_empty': True}."
-            )
+    total = sum(existing.values())
+    if not total or not erases or settings.allow_empty:
+        return
+    if scope.bounds and scope.pcol:
+        _refuse_emptied_partitions(
+            conn, scope.staged, scope.pcol, scope.bounds, existing, rows, scope.where
+        )
+    elif rows == 0:
+        raise EmptyBatchError(
+            f"Refused to write {scope.where}: the batch is empty but the window holds {total}"
+            " rows; publishing it would silently erase them. Nothing was changed. Fix: find"
+            " out why the input is empty; if the partition really is empty now, declare it:"
+            " metadata={'allow_empty': True}."
+        )
 
-    matched, matched_by_part = 0, {}
-    if settings.mode == "merge" and table_cols is not None:
-        if bounds and pcol:
-            q, p = sql.matched_by_partition(target, source, key, pcol, bounds)
-            matched_by_part = dict(conn.execute(q, p).fetchall())
-            outside_keys = matched_by_part.pop(None, 0)
-            matched = sum(matched_by_part.values())
-        else:
-            q, p = sql.merge_counts(target, source, key, pcol, spans)
-            matched, outside_keys = _one(conn, q, p) or (0, 0)
-        if outside_keys and pcol:
-            q, p = sql.keys_outside_window_sample(target, source, key, pcol, spans)
-            raise KeyOutsideWindowError(
-                f"Refused to write {where}: {outside_keys} key(s) of the batch already exist in"
-                " other partitions; merging would move those rows out of partitions this run"
-                " does not own. Nothing was changed. Fix: rerun the partition that holds them"
-                " first so they leave it, or correct the key. Existing rows:\n"
-                + _sample(conn, q, p)
-            )
 
-    on_stage("guards_passed")
-    if owner is None:
-        claim_table(conn, settings.schema, settings.table, settings.asset)
-    if table_cols is None:
+def _matched_rows(conn: duckdb.DuckDBPyConnection, scope: _Scope) -> dict[str | None, int]:
+    """For a merge, the window's rows whose key the batch holds (keyed like existing rows).
+
+    Refuses a batch whose keys already live outside the window.
+    """
+    if scope.settings.mode != "merge" or not scope.table_exists:
+        return {}
+    target, source, key, pcol = scope.target, scope.staged, scope.key, scope.pcol
+    matched: dict[str | None, int]
+    if scope.bounds and pcol:
+        q, p = sql.matched_by_partition(target, source, key, pcol, scope.bounds)
+        matched = dict(conn.execute(q, p).fetchall())
+        outside_keys = matched.pop(None, 0)
+    else:
+        q, p = sql.merge_counts(target, source, key, pcol, scope.spans)
+        in_window, outside_keys = _one(conn, q, p) or (0, 0)
+        matched = {None: in_window}
+    if outside_keys and pcol:
+        q, p = sql.keys_outside_window_sample(target, source, key, pcol, scope.spans)
+        raise KeyOutsideWindowError(
+            f"Refused to write {scope.where}: {outside_keys} key(s) of the batch already exist"
+            " in other partitions; merging would move those rows out of partitions this run"
+            " does not own. Nothing was changed. Fix: rerun the partition that holds them"
+            " first so they leave it, or correct the key. Existing rows:\n" + _sample(conn, q, p)
+        )
+    return matched
+
+
+def _write(
+    conn: duckdb.DuckDBPyConnection,
+    scope: _Scope,
+    existing: dict[str | None, int],
+    matched: dict[str | None, int],
+    on_stage: Callable[[str], None],
+) -> tuple[int, int, int]:
+    """Create the table if needed, delete the window (or the batch's keys), insert the batch.
+
+    Returns the rows inserted, updated and deleted.
+    """
+    settings, target, source, key, pcol = (
+        scope.settings,
+        scope.target,
+        scope.staged,
+        scope.key,
+        scope.pcol,
+    )
+    if not scope.table_exists:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(settings.schema)}")
-        conn.execute(f"CREATE TABLE {target} AS SELECT * FROM {staged} LIMIT 0")
+        conn.execute(f"CREATE TABLE {target} AS SELECT * FROM {source} LIMIT 0")
+    updated = sum(matched.values())
     if settings.mode == "merge" and not settings.delete_missing:
         conn.execute(sql.delete_matching_keys(target, source, key))
         deleted = 0
-        updated = matched
     else:
         if pcol:
-            q, p = sql.delete_window(target, pcol, spans)
+            q, p = sql.delete_window(target, pcol, scope.spans)
             conn.execute(q, p)
         else:
             conn.execute(sql.delete_all(target))
-        if settings.mode == "merge":
-            updated, deleted = matched, existing - matched
-        else:
-            updated, deleted = 0, existing
+        deleted = sum(existing.values()) - updated
     on_stage("deleted")
     insert_from = (
-        f"({sql.dedupe(staged, key, settings.dedupe_order_by, list(stored_cols))})"
-        if dedupe
+        f"({sql.dedupe(source, key, settings.dedupe_order_by, list(scope.stored_types))})"
+        if settings.mode == "merge" and settings.dedupe_order_by
         else source
     )
-    order_by = pcol if bounds else None
+    order_by = pcol if scope.bounds else None
     # DuckDB answers an INSERT with the number of rows it wrote: after dedup, the batch's size.
     rows = _one(conn, sql.insert_by_name(target, insert_from, order_by))[0]
-    inserted = rows - updated
-    on_stage("inserted")
+    return rows - updated, updated, deleted
 
-    table_column_names = list(table_cols or stored_cols)
+
+def _result(
+    conn: duckdb.DuckDBPyConnection,
+    scope: _Scope,
+    inserted: int,
+    updated: int,
+    deleted: int,
+    existing: dict[str | None, int],
+    matched: dict[str | None, int],
+) -> PublishResult:
+    """Fingerprint what the window holds now, per partition for a range."""
+    columns = [c.stored_name for c in scope.columns]
     per_partition: dict[str, PartitionResult] = {}
-    if bounds and pcol and window:
-        q, p = sql.partition_fingerprints(target, table_column_names, pcol, bounds)
+    if scope.bounds and scope.pcol and scope.window:
+        q, p = sql.partition_fingerprints(scope.target, columns, scope.pcol, scope.bounds)
         found = {k: (n, d) for k, n, d in conn.execute(q, p).fetchall()}
         per_partition = {
             part.key: _partition_result(
-                settings, found.get(part.key, (0, 0)), existing_by_part, matched_by_part, part
+                scope.settings, found.get(part.key, (0, 0)), existing, matched, part
             )
-            for part in window.partitions
+            for part in scope.window.partitions
         }
         count = sum(n for n, _ in found.values())
         digest = sum(d for _, d in found.values())
     else:
-        q, p = sql.fingerprint(target, table_column_names, pcol, spans)
+        q, p = sql.fingerprint(scope.target, columns, scope.pcol, scope.spans)
         count, digest = _one(conn, q, p) or (0, 0)
     return PublishResult(
         rows=count,
         inserted=inserted,
         updated=updated,
         deleted=deleted,
-        partitions=window.keys if window else [],
+        partitions=scope.window.keys if scope.window else [],
         fingerprint=_digest(count, digest),
-        table=f"{settings.schema}.{settings.table}",
+        table=f"{scope.settings.schema}.{scope.settings.table}",
         per_partition=per_partition,
     )
 
@@ -500,8 +611,8 @@ def _publish_in_transaction(
 def _partition_result(
     settings: WriteSettings,
     stored: tuple[int, int],
-    existing: dict[str, int],
-    matched: dict[str, int],
+    existing: dict[str | None, int],
+    matched: dict[str | None, int],
     part: PartitionWindow,
 ) -> PartitionResult:
     """One partition's share of a range publish, from counts taken in its transaction."""
@@ -553,7 +664,7 @@ def _refuse_emptied_partitions(
     source: str,
     pcol: str,
     bounds: Sequence[tuple[str, Any, Any]],
-    existing: dict[str, int],
+    existing: dict[str | None, int],
     rows: int,
     where: str,
 ) -> None:

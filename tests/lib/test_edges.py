@@ -462,6 +462,7 @@ def test_each_day_of_a_chunk_carries_its_own_counts(tmp_path: Path) -> None:
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("trips"), asset_partitions=["2026-01-05"]),
             limit=1,
         ).records[0]
+        assert day5.asset_materialization is not None
         md = {k: v.value for k, v in day5.asset_materialization.metadata.items()}
 
     # Day 5 (index 4) kept 9 - 4 = 5 of its 10 rows: 5 updated, 5 deleted, none inserted.
