@@ -244,7 +244,7 @@ def publish(
             result = _publish_in_transaction(
                 conn, quote(raw), quote(staged), settings, window, where, now, on_stage
             )
-            conn.execute(f"DROP VIEW {quote(staged)}")
+            conn.execute(f"DROP VIEW IF EXISTS {quote(staged)}")
             on_stage("before_commit")
             conn.execute("COMMIT")
             return result
@@ -289,10 +289,11 @@ def _stage(
     settings: WriteSettings,
     where: str,
     table_cols: dict[str, str] | None,
-) -> tuple[list[StagedColumn], WriteSettings]:
+) -> tuple[list[StagedColumn], WriteSettings, str]:
     """Create the staged view: the batch cast to the stored types, under the stored names.
 
-    Returns its columns and the settings with every column name spelt as stored.
+    Returns its columns, the settings with every column name spelt as stored, and the relation
+    to read: the view, or the batch itself when it already has the stored names and types.
     """
     columns = stage_columns(settings, where, column_types(conn, raw), table_cols)
     checked = [c for c in columns if c.conversion == "checked"]
@@ -304,20 +305,24 @@ def _stage(
             if found[2 * i]:
                 target = f"{settings.schema}.{settings.table}"
                 refuse_lossy_values(where, target, column, found[2 * i], found[2 * i + 1])
-    selects = ", ".join(c.select() for c in columns)
-    conn.execute(f"CREATE TEMP VIEW {staged} AS SELECT {selects} FROM {raw}")
+    source = raw
+    if any(c.conversion != "same" or c.name != c.stored_name for c in columns):
+        selects = ", ".join(c.select() for c in columns)
+        conn.execute(f"CREATE TEMP VIEW {staged} AS SELECT {selects} FROM {raw}")
+        source = staged
     stored = {c.name.lower(): c.stored_name for c in columns}
 
     def spelt(names: Sequence[str]) -> tuple[str, ...]:
         return tuple(stored[n.lower()] for n in names)
 
     pcol = settings.partition_expr
-    return columns, replace(
+    spelt_settings = replace(
         settings,
         partition_expr=stored[pcol.lower()] if pcol else None,
         primary_key=spelt(settings.primary_key),
         dedupe_order_by=spelt(settings.dedupe_order_by),
     )
+    return columns, spelt_settings, source
 
 
 @dataclass(frozen=True)
@@ -328,6 +333,7 @@ class _Scope:
     window: WriteWindow | None
     where: str
     raw: str
+    #: The batch as stored: the staged view, or the raw batch when it needs no cast.
     staged: str
     target: str
     columns: list[StagedColumn]
@@ -355,10 +361,10 @@ def _scope(
     settings: WriteSettings,
     window: WriteWindow | None,
     where: str,
+    table_cols: dict[str, str] | None,
 ) -> _Scope:
     """Stage the batch and work out the window's bounds in the stored partition column's type."""
-    table_cols = table_columns(conn, settings.schema, settings.table)
-    columns, settings = _stage(conn, raw, staged, settings, where, table_cols)
+    columns, settings, source = _stage(conn, raw, staged, settings, where, table_cols)
     pcol = settings.partition_expr if window else None
     spans: list[tuple[Any, Any]] = []
     bounds: list[tuple[str, Any, Any]] = []
@@ -375,7 +381,7 @@ def _scope(
         window=window,
         where=where,
         raw=raw,
-        staged=staged,
+        staged=source,
         target=qualified(settings.schema, settings.table),
         columns=columns,
         table_exists=table_cols is not None,
@@ -395,10 +401,11 @@ def _publish_in_transaction(
     now: datetime,
     on_stage: Callable[[str], None],
 ) -> PublishResult:
-    owner = table_owner(conn, settings.schema, settings.table)
+    table_cols, owners_exist = _catalog(conn, settings.schema, settings.table)
+    owner = table_owner(conn, settings.schema, settings.table) if owners_exist else None
     if owner is not None and owner != settings.asset:
         _refuse_other_owner(settings, where, owner)
-    scope = _scope(conn, raw, staged, settings, window, where)
+    scope = _scope(conn, raw, staged, settings, window, where, table_cols)
     rows = _refuse_unsafe_rows(conn, scope)
     _check_runtime_values(conn, scope.staged, scope.settings, window, scope.stored_types, now)
     existing = _existing_rows(conn, scope)
@@ -684,15 +691,29 @@ def _refuse_emptied_partitions(
         )
 
 
+def _catalog(
+    conn: duckdb.DuckDBPyConnection, schema: str, table: str
+) -> tuple[dict[str, str] | None, bool]:
+    """The columns of ``schema.table`` (as :func:`table_columns`), and whether owners are kept.
+
+    One catalog scan for both: a publish pays for every statement, however small.
+    """
+    rows = conn.execute(
+        "SELECT table_name = ? AND schema_name = ?, column_name, data_type FROM duckdb_columns()"
+        " WHERE database_name = current_database() AND ((lower(schema_name) = lower(?) AND"
+        " lower(table_name) = lower(?)) OR (schema_name = ? AND table_name = ?))"
+        " ORDER BY column_index",
+        [OWNERS_TABLE, OWNERS_SCHEMA, schema, table, OWNERS_SCHEMA, OWNERS_TABLE],
+    ).fetchall()
+    columns = {name: kind for own, name, kind in rows if not own}
+    return columns or None, any(own for own, _, _ in rows)
+
+
 def table_owner(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> str | None:
-    """The asset key (user string) that owns ``schema.table``, or ``None`` if none claimed it."""
-    exists = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"
-        " AND schema_name = ? AND table_name = ?",
-        [OWNERS_SCHEMA, OWNERS_TABLE],
-    ).fetchall()[0][0]
-    if not exists:
-        return None
+    """The asset key (user string) that owns ``schema.table``, or ``None`` if none claimed it.
+
+    Call it only where the owners table exists (see :func:`_catalog`).
+    """
     rows = conn.execute(
         f"SELECT asset_key FROM {OWNERS} WHERE schema_key = ? AND table_key = ?",
         [schema.lower(), table.lower()],
