@@ -7,10 +7,13 @@ made silently, one that can lose values only on some inputs is checked on the ba
 other type change is refused with the ``ALTER TABLE`` that makes it.
 """
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import duckdb
 
 from idem_assets.lib.errors import SchemaMismatchError
 from idem_assets.lib.identifiers import quote, validate_identifier
@@ -58,6 +61,20 @@ FLOOR_UNIT = {
     "TIMESTAMP_S": "s",
 }
 _DECIMAL = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
+
+
+@functools.cache
+def _reserved_words() -> frozenset[str]:
+    with duckdb.connect() as conn:
+        rows = conn.execute(
+            "SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category = 'reserved'"
+        ).fetchall()
+    return frozenset(r[0].lower() for r in rows)
+
+
+def sql_name(name: str) -> str:
+    """``name`` as a statement for the user to run spells it: quoted only where it must be."""
+    return quote(name) if name.lower() in _reserved_words() else name
 
 
 def is_timestamp(column_type: str) -> bool:
@@ -195,8 +212,8 @@ def stage_columns(
                 f" convert it, e.g. df['{settings.partition_expr}'] ="
                 f" pd.to_datetime(df['{settings.partition_expr}'])."
             )
-    target = f"{settings.schema}.{settings.table}"
     if table_cols is None:
+        target = f"{settings.schema}.{settings.table}"
         _refuse_untyped(where, target, batch_cols)
         return [
             StagedColumn(c, t, c, native(t), "same" if native(t) == t else "cast")
@@ -216,6 +233,7 @@ def stage_columns(
         else:
             staged.append(StagedColumn(c, t, stored, table_cols[stored], how))
     if missing or extra or changed:
+        target = f"{sql_name(settings.schema)}.{sql_name(settings.table)}"
         _refuse_mismatch(where, target, batch_cols, missing, extra, changed)
     return staged
 
@@ -245,11 +263,11 @@ def _refuse_mismatch(
     problems, statements = [], []
     if missing:
         problems.append(f"missing columns {missing}")
-        statements += [f"ALTER TABLE {target} DROP COLUMN {c}" for c in missing]
+        statements += [f"ALTER TABLE {target} DROP COLUMN {sql_name(c)}" for c in missing]
     if extra:
         problems.append(f"extra columns {extra}")
         statements += [
-            f"ALTER TABLE {target} ADD COLUMN {c} {native(batch_cols[c])}" for c in extra
+            f"ALTER TABLE {target} ADD COLUMN {sql_name(c)} {native(batch_cols[c])}" for c in extra
         ]
     if changed:
         problems.append(
@@ -258,7 +276,8 @@ def _refuse_mismatch(
             + "]"
         )
         statements += [
-            f"ALTER TABLE {target} ALTER COLUMN {c} TYPE {native(new)}" for c, _, new in changed
+            f"ALTER TABLE {target} ALTER COLUMN {sql_name(c)} TYPE {native(new)}"
+            for c, _, new in changed
         ]
     tz_hint = (
         " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"

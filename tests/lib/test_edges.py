@@ -107,6 +107,7 @@ def test_a_nanosecond_that_rounds_into_the_next_day_is_refused(
     assert (fingerprints(db) if db.exists() else {}) == before
 
 
+@pytest.mark.parametrize("unit", ["us", "ns"])
 @pytest.mark.parametrize(
     ("column_type", "moment", "floor"),
     [
@@ -115,7 +116,7 @@ def test_a_nanosecond_that_rounds_into_the_next_day_is_refused(
     ],
 )
 def test_a_value_that_rounds_up_to_a_coarser_column_is_refused(
-    tmp_path: Path, column_type: str, moment: pd.Timestamp, floor: str
+    tmp_path: Path, column_type: str, moment: pd.Timestamp, floor: str, unit: str
 ) -> None:
     db = tmp_path / "w.duckdb"
     with duckdb.connect(str(db)) as conn:
@@ -128,7 +129,7 @@ def test_a_value_that_rounds_up_to_a_coarser_column_is_refused(
     run([asset], db, "2026-01-02")
     before = fingerprints(db)
 
-    batches["2026-01-01"] = with_last_moment("2026-01-01", moment, unit="us")
+    batches["2026-01-01"] = with_last_moment("2026-01-01", moment, unit=unit)
     with pytest.raises(ia.StrayRowsError, match=f"dt.floor\\('{floor}'\\)"):
         run([asset], db, "2026-01-01")
     assert fingerprints(db) == before
@@ -404,6 +405,36 @@ def test_a_lossy_type_change_is_refused_with_an_alter_that_works(
     with read(db) as conn:
         conn.execute(statement)
     run([asset], db, "2026-01-02")
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda frame: frame.assign(tip=1.5), "extra columns ['tip']"),
+        (lambda frame: frame.drop(columns=["fare"]), "missing columns ['fare']"),
+        (lambda frame: frame.assign(order=1), "extra columns ['order']"),
+    ],
+    ids=["extra", "missing", "extra-reserved-word"],
+)
+def test_the_printed_migration_works(
+    tmp_path: Path, change: Callable[[pd.DataFrame], pd.DataFrame], problem: str
+) -> None:
+    db = tmp_path / "w.duckdb"
+    asset = batch_asset(lambda key: change(trips(key, 4)) if key == "2026-01-02" else trips(key, 4))
+    run([asset], db, "2026-01-01")
+
+    with pytest.raises(ia.SchemaMismatchError) as refused:
+        run([asset], db, "2026-01-02")
+
+    text = str(refused.value)
+    assert problem in text
+    statements = text.split("migrate the table first, then rerun: ")[1].rstrip(".").split("; ")
+    with read(db) as conn:
+        for statement in statements:
+            conn.execute(statement)
+    run([asset], db, "2026-01-02")
+    with read(db) as conn:
+        assert count(conn, day="2026-01-02") == 4
 
 
 def test_an_int64_beyond_double_precision_is_refused(tmp_path: Path) -> None:
