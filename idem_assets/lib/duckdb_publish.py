@@ -1,13 +1,15 @@
 """Publish one batch into a DuckDB table: guards first, then one transaction.
 
-This module holds the DuckDB plumbing; the statements come from :mod:`idem_assets.lib.sql` and the
-window logic from :mod:`idem_assets.lib.windows`. It needs no Dagster context, so benchmarks and
-crash tests drive it directly.
+This module holds the DuckDB plumbing; the statements come from :mod:`idem_assets.lib.sql`, the
+column matching from :mod:`idem_assets.lib.duckdb_columns` and the window logic from
+:mod:`idem_assets.lib.windows`. It needs no Dagster context, so benchmarks and crash tests drive
+it directly.
 """
 
+import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +17,15 @@ import duckdb
 import pyarrow as pa
 
 from idem_assets.lib import sql
+from idem_assets.lib.duckdb_columns import (
+    FLOOR_UNIT,
+    StagedColumn,
+    refuse_lossy_values,
+    refuse_repeated_names,
+    stage_columns,
+)
 from idem_assets.lib.errors import (
+    ConfigurationError,
     DuplicateKeyError,
     EmptyBatchError,
     KeyOutsideWindowError,
@@ -24,24 +34,37 @@ from idem_assets.lib.errors import (
     StrayRowsError,
     format_sample,
 )
-from idem_assets.lib.identifiers import qualified, quote, validate_identifier
+from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.runtime_values import check_runtime_values
 from idem_assets.lib.settings import WriteSettings
-from idem_assets.lib.windows import WriteWindow, bound_for
+from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for
 
-STAGED = "idem_staged_batch"
+#: The library's own names are not plain identifiers, so no asset, schema or column can be
+#: given one (validate_identifier refuses them) and shadow or be shadowed by them.
+BATCH_PREFIX = "idem-batch-"
+STAGED_PREFIX = "idem-staged-"
+OWNERS_SCHEMA = "main"
+OWNERS_TABLE = "idem-table-owners"
+OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
 
-_INTEGERS = ["TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"]
-_UNSIGNED = ["UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"]
-_TIMESTAMPS = {"TIMESTAMP", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS"}
-# DuckDB 2 reads a pandas tz-aware column (nanoseconds) as TIMESTAMPTZ_NS.
-_TZ_TIMESTAMPS = {"TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ", "TIMESTAMPTZ_NS"}
+_UNIT_NAMES = {"us": "microsecond", "ms": "millisecond", "s": "second"}
 #: The stages a publish passes, in order; ``on_stage`` is called at each.
 PUBLISH_STAGES = ("guards_passed", "deleted", "inserted", "before_commit")
 
 #: An ``on_stage`` hook for every publish in this context that passes none, so a test can reach
 #: the publish inside an IO manager (``idem_assets.testing`` injects its crashes through it).
 STAGE_HOOK: ContextVar[Callable[[str], None] | None] = ContextVar("idem_stage_hook", default=None)
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """What one publish changed in one partition of a range."""
+
+    rows: int
+    fingerprint: str
+    inserted: int
+    updated: int
+    deleted: int
 
 
 @dataclass(frozen=True)
@@ -55,8 +78,8 @@ class PublishResult:
     partitions: list[str] = field(default_factory=list)
     fingerprint: str = ""
     table: str = ""
-    #: For a range publish: partition key to (rows, fingerprint) of that partition.
-    per_partition: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: For a range publish: each partition's own rows, fingerprint and changes.
+    per_partition: dict[str, PartitionResult] = field(default_factory=dict)
 
 
 def to_arrow(obj: object, asset: str) -> pa.Table:
@@ -70,7 +93,7 @@ def to_arrow(obj: object, asset: str) -> pa.Table:
     except ImportError:  # pragma: no cover - pandas is a dependency
         pd = None
     if pd is not None and isinstance(obj, pd.DataFrame):
-        return pa.Table.from_pandas(obj, preserve_index=False)
+        return pa.Table.from_pandas(_index_as_columns(obj, asset), preserve_index=False)
     raise TypeError(
         f"Asset '{asset}' returned {type(obj).__name__}; the idempotent IO managers store a"
         " pandas DataFrame or a pyarrow Table. Return one of those (an empty one with the right"
@@ -79,21 +102,24 @@ def to_arrow(obj: object, asset: str) -> pa.Table:
     )
 
 
-def _compatible(batch_type: str, table_type: str) -> bool:
-    if batch_type == table_type or batch_type == '"NULL"' or batch_type == "NULL":
-        return True
-    for family in (_INTEGERS, _UNSIGNED):
-        if batch_type in family and table_type in family:
-            return family.index(batch_type) <= family.index(table_type)
-    if batch_type in _TIMESTAMPS and table_type in _TIMESTAMPS:
-        return True
-    if batch_type in _TZ_TIMESTAMPS and table_type in _TZ_TIMESTAMPS:
-        return True
-    return batch_type == "FLOAT" and table_type == "DOUBLE"
+def _index_as_columns(frame: Any, asset: str) -> Any:
+    """Named index levels become columns, as ``reset_index`` makes them; unnamed ones are dropped.
 
-
-def _is_timestamp(t: str) -> bool:
-    return t in _TIMESTAMPS or t in _TZ_TIMESTAMPS
+    A named index holds data (``groupby("zone")`` puts the zones there); an unnamed one is only
+    row numbering.
+    """
+    named = [n for n in frame.index.names if n is not None]
+    if not named:
+        return frame
+    clash = [n for n in named if n in frame.columns]
+    if clash:
+        raise SchemaMismatchError(
+            f"Refused to write asset '{asset}': the DataFrame's index level(s) {clash} have the"
+            " name of a column too, so the index cannot be stored next to it. Nothing was"
+            " changed. Fix: drop the index if it is only row numbering"
+            " (df.reset_index(drop=True)), or rename it (df.rename_axis('other_name'))."
+        )
+    return frame.reset_index(level=named)
 
 
 def _one(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> tuple:
@@ -113,8 +139,10 @@ def table_columns(
     """Column name to type of an existing table, or ``None`` when there is no such table."""
     rows = conn.execute(
         # duckdb_columns() is the catalog itself; information_schema is a slower view over it.
+        # Names compare without regard to case, as DuckDB resolves them.
         "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name ="
-        " current_database() AND schema_name = ? AND table_name = ? ORDER BY column_index",
+        " current_database() AND lower(schema_name) = lower(?) AND lower(table_name) = lower(?)"
+        " ORDER BY column_index",
         [schema, table],
     ).fetchall()
     return {r[0]: r[1] for r in rows} if rows else None
@@ -129,78 +157,6 @@ def _sample(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] =
 def _where(settings: WriteSettings, window: WriteWindow | None) -> str:
     where = f"asset '{settings.asset}'"
     return f"{where}, partition {window.describe()}" if window else where
-
-
-def check_schema(
-    settings: WriteSettings,
-    window: WriteWindow | None,
-    batch_cols: dict[str, str],
-    table_cols: dict[str, str] | None,
-) -> None:
-    """Refuse a batch whose partition column is not a date/time, or that does not fit the table."""
-    where = _where(settings, window)
-    for c in batch_cols:
-        validate_identifier(c, f"Refused to write {where}: batch column")
-    needed = [settings.partition_expr] if settings.partition_expr else []
-    needed += list(settings.primary_key) + list(settings.dedupe_order_by)
-    absent = [c for c in dict.fromkeys(needed) if c not in batch_cols]
-    if absent:
-        raise SchemaMismatchError(
-            f"Refused to write {where}: the batch has no column(s) {absent}, which the asset's"
-            f" metadata names (partition_expr/primary_key/dedupe_order_by). Batch columns:"
-            f" {list(batch_cols)}. Fix: add the column(s) to the batch, or correct the metadata."
-        )
-    if settings.partition_expr:
-        ptype = batch_cols[settings.partition_expr]
-        if ptype != "DATE" and not _is_timestamp(ptype):
-            raise SchemaMismatchError(
-                f"Refused to write {where}: partition column '{settings.partition_expr}' is"
-                f" {ptype}, not DATE or TIMESTAMP, so window bounds would compare as text. Fix:"
-                f" convert it, e.g. df['{settings.partition_expr}'] ="
-                f" pd.to_datetime(df['{settings.partition_expr}'])."
-            )
-    if table_cols is None:
-        # A column whose every value is None has no type; the table would keep a "NULL" column
-        # that no later batch with real values fits.
-        untyped = [c for c, t in batch_cols.items() if t in ('"NULL"', "NULL")]
-        if untyped:
-            raise SchemaMismatchError(
-                f"Refused to write {where}: column(s) {untyped} hold only NULL and have no type,"
-                f" so table {settings.schema}.{settings.table} cannot be created from this batch."
-                " Nothing was changed. Fix: give the column a type, e.g."
-                f" df['{untyped[0]}'] = df['{untyped[0]}'].astype('float64'), or build the Arrow"
-                " table with an explicit schema."
-            )
-        return
-    missing = [c for c in table_cols if c not in batch_cols]
-    extra = [c for c in batch_cols if c not in table_cols]
-    changed = [
-        f"{c}: table {table_cols[c]}, batch {batch_cols[c]}"
-        for c in batch_cols
-        if c in table_cols and not _compatible(batch_cols[c], table_cols[c])
-    ]
-    if missing or extra or changed:
-        target = f"{settings.schema}.{settings.table}"
-        problems = []
-        if missing:
-            problems.append(f"missing columns {missing}")
-        if extra:
-            problems.append(f"extra columns {extra}")
-        if changed:
-            problems.append("incompatible types [" + "; ".join(changed) + "]")
-        tz_hint = (
-            " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
-            " make both naive (tz_localize(None)) or both aware."
-            if any("TIME ZONE" in c or "TIMESTAMPTZ" in c for c in changed)
-            else ""
-        )
-        raise SchemaMismatchError(
-            f"Refused to write {where}: the batch does not match table {target}: "
-            + ", ".join(problems)
-            + ". Nothing was changed. Fix: make the batch produce the table's columns and types;"
-            f" or, for an intended schema change, migrate the table first (ALTER TABLE {target}"
-            " ADD COLUMN ... / ALTER COLUMN ... TYPE ...) and rerun." + tz_hint
-        )
 
 
 def publish(
@@ -224,16 +180,20 @@ def publish(
     """
     now = now or datetime.now(UTC)
     on_stage = on_stage or STAGE_HOOK.get() or _no_stage
-    target = qualified(settings.schema, settings.table)
     where = _where(settings, window)
-    conn.register(STAGED, batch)
+    refuse_repeated_names(batch.column_names, where)
+    # Unique per publish: cursors of one connection share its registered names.
+    token = uuid.uuid4().hex
+    raw, staged = BATCH_PREFIX + token, STAGED_PREFIX + token
+    conn.register(raw, batch)
     failed = False
     try:
         conn.execute("BEGIN TRANSACTION")
         try:
             result = _publish_in_transaction(
-                conn, batch, settings, window, target, where, now, on_stage
+                conn, batch, quote(raw), quote(staged), settings, window, where, now, on_stage
             )
+            conn.execute(f"DROP VIEW IF EXISTS {quote(staged)}")
             on_stage("before_commit")
             conn.execute("COMMIT")
             return result
@@ -250,7 +210,7 @@ def publish(
             raise
     finally:
         try:
-            conn.unregister(STAGED)
+            conn.unregister(raw)
         except duckdb.Error:
             if not failed:
                 raise
@@ -271,41 +231,155 @@ def _no_stage(stage: str) -> None:
     pass
 
 
+def _stage(
+    conn: duckdb.DuckDBPyConnection,
+    raw: str,
+    staged: str,
+    settings: WriteSettings,
+    where: str,
+    table_cols: dict[str, str] | None,
+) -> tuple[list[StagedColumn], WriteSettings, str]:
+    """Create the staged view: the batch cast to the stored types, under the stored names.
+
+    Returns its columns, the settings with every column name spelt as stored, and the relation
+    to read: the view, or the batch itself when it already has the stored names and types.
+    """
+    columns = stage_columns(settings, where, column_types(conn, raw), table_cols)
+    checked = [c for c in columns if c.conversion == "checked"]
+    if checked:
+        found = _one(
+            conn, sql.lossy_values(raw, [(c.name, c.type, c.stored_type) for c in checked])
+        )
+        for i, column in enumerate(checked):
+            if found[2 * i]:
+                target = f"{settings.schema}.{settings.table}"
+                refuse_lossy_values(where, target, column, found[2 * i], found[2 * i + 1])
+    source = raw
+    if any(c.conversion != "same" or c.name != c.stored_name for c in columns):
+        selects = ", ".join(c.select() for c in columns)
+        conn.execute(f"CREATE TEMP VIEW {staged} AS SELECT {selects} FROM {raw}")
+        source = staged
+    stored = {c.name.lower(): c.stored_name for c in columns}
+
+    def spelt(names: Sequence[str]) -> tuple[str, ...]:
+        return tuple(stored[n.lower()] for n in names)
+
+    pcol = settings.partition_expr
+    spelt_settings = replace(
+        settings,
+        partition_expr=stored[pcol.lower()] if pcol else None,
+        primary_key=spelt(settings.primary_key),
+        dedupe_order_by=spelt(settings.dedupe_order_by),
+    )
+    return columns, spelt_settings, source
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What one publish writes: the staged batch, the target table and the window's bounds."""
+
+    settings: WriteSettings
+    window: WriteWindow | None
+    where: str
+    raw: str
+    #: The batch as stored: the staged view, or the raw batch when it needs no cast.
+    staged: str
+    target: str
+    columns: list[StagedColumn]
+    table_exists: bool
+    pcol: str | None
+    spans: list[tuple[Any, Any]]
+    #: A range's partitions with their bounds; empty for one partition or none.
+    bounds: list[tuple[str, Any, Any]]
+
+    @property
+    def key(self) -> list[str]:
+        """The merge key, spelt as stored."""
+        return list(self.settings.primary_key)
+
+    @property
+    def stored_types(self) -> dict[str, str]:
+        """Stored column name to stored type."""
+        return {c.stored_name: c.stored_type for c in self.columns}
+
+
+def _scope(
+    conn: duckdb.DuckDBPyConnection,
+    raw: str,
+    staged: str,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    where: str,
+    table_cols: dict[str, str] | None,
+) -> _Scope:
+    """Stage the batch and work out the window's bounds in the stored partition column's type."""
+    columns, settings, source = _stage(conn, raw, staged, settings, where, table_cols)
+    pcol = settings.partition_expr if window else None
+    spans: list[tuple[Any, Any]] = []
+    bounds: list[tuple[str, Any, Any]] = []
+    if pcol and window:
+        ptype = next(c.stored_type for c in columns if c.stored_name == pcol)
+        spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
+        if len(window.partitions) > 1:
+            bounds = [
+                (p.key, bound_for(p.start, ptype), bound_for(p.end, ptype))
+                for p in window.partitions
+            ]
+    return _Scope(
+        settings=settings,
+        window=window,
+        where=where,
+        raw=raw,
+        staged=source,
+        target=qualified(settings.schema, settings.table),
+        columns=columns,
+        table_exists=table_cols is not None,
+        pcol=pcol,
+        spans=spans,
+        bounds=bounds,
+    )
+
+
 def _publish_in_transaction(
     conn: duckdb.DuckDBPyConnection,
     batch: pa.Table,
+    raw: str,
+    staged: str,
     settings: WriteSettings,
     window: WriteWindow | None,
-    target: str,
     where: str,
     now: datetime,
     on_stage: Callable[[str], None],
 ) -> PublishResult:
-    names = batch.column_names
-    repeated = sorted({c for c in names if names.count(c) > 1})
-    if repeated:
-        # DuckDB would rename the second copy (fare_1) and store it as a column of its own.
-        raise SchemaMismatchError(
-            f"Refused to write {where}: the batch has more than one column named {repeated}."
-            " Nothing was changed. Fix: drop or rename the duplicates (e.g. after a join, select"
-            " the columns you mean to keep)."
-        )
-    batch_cols = column_types(conn, STAGED)
-    table_cols = table_columns(conn, settings.schema, settings.table)
-    check_schema(settings, window, batch_cols, table_cols)
+    table_cols, owners_exist = _catalog(conn, settings.schema, settings.table)
+    owner = table_owner(conn, settings.schema, settings.table) if owners_exist else None
+    if owner is not None and owner != settings.asset:
+        _refuse_other_owner(settings, where, owner)
+    scope = _scope(conn, raw, staged, settings, window, where, table_cols)
+    rows = _refuse_unsafe_rows(conn, scope)
+    check_runtime_values(batch, settings, window, now)
+    existing = _existing_rows(conn, scope)
+    _refuse_erasing(conn, scope, rows, existing)
+    matched = _matched_rows(conn, scope)
 
-    pcol = settings.partition_expr if window else None
-    spans: list[tuple[Any, Any]] = []
-    if pcol and window:
-        ptype = (table_cols or batch_cols)[pcol]
-        spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
-    key = list(settings.primary_key)
+    on_stage("guards_passed")
+    if owner is None:
+        claim_table(conn, settings.schema, settings.table, settings.asset)
+    inserted, updated, deleted = _write(conn, scope, existing, matched, on_stage)
+    on_stage("inserted")
+    return _result(conn, scope, inserted, updated, deleted, existing, matched)
 
-    source = STAGED
+
+def _refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: _Scope) -> int:
+    """Refuse NULL or stray partition values, NULL keys and (for a merge) duplicate keys.
+
+    Returns the batch's row count.
+    """
+    source, pcol, spans, key, where = scope.staged, scope.pcol, scope.spans, scope.key, scope.where
+    settings = scope.settings
     # Duplicate keys only matter to a merge; with dedupe_order_by they are resolved in the
     # INSERT itself, so the costly distinct count runs only where it can refuse the batch.
-    dedupe = settings.mode == "merge" and bool(settings.dedupe_order_by)
-    count_duplicates = settings.mode == "merge" and not dedupe
+    count_duplicates = settings.mode == "merge" and not settings.dedupe_order_by
     q, p = sql.batch_profile(source, pcol, spans, key, count_duplicates)
     rows, null_partition, outside, null_key, duplicates = _one(conn, q, p) or (0,) * 5
 
@@ -316,11 +390,14 @@ def _publish_in_transaction(
             f" date those rows before returning the batch. Sample:\n"
             + _sample(conn, sql.null_sample(source, [str(pcol)]))
         )
-    if outside and pcol:
+    if outside and pcol and scope.window:
+        window = scope.window
+        partition_column = next(c for c in scope.columns if c.stored_name == pcol)
+        _refuse_rounded_out(conn, scope.raw, partition_column, window, spans, rows, where)
         q, p = sql.stray_rows_sample(source, pcol, spans)
         raise StrayRowsError(
             f"Refused to write {where}: {outside} of {rows} rows have '{pcol}' outside the window"
-            f" [{window.start if window else ''}, {window.end if window else ''}). Writing them"
+            f" [{window.start}, {window.end}). Writing them"
             " would put rows into another partition (or, for a partition overwrite, wipe it)."
             " Nothing was changed. Fix: filter the batch to the run's window"
             " (context.partition_time_window), or route those rows to their own partition's"
@@ -341,116 +418,294 @@ def _publish_in_transaction(
             f"{key!r}, 'dedupe_order_by': ['updated_at']}}. Sample:\n"
             + _sample(conn, sql.duplicate_key_sample(source, key))
         )
-    check_runtime_values(batch, settings, window, now)
+    return rows
 
-    existing = 0
-    if table_cols is not None:
-        q, p = sql.count_window(target, pcol, spans)
-        existing = (_one(conn, q, p) or (0,))[0]
+
+def _existing_rows(conn: duckdb.DuckDBPyConnection, scope: _Scope) -> dict[str | None, int]:
+    """Rows the window holds now: per partition of a range, else under the key ``None``."""
+    if not scope.table_exists:
+        return {}
+    if scope.bounds and scope.pcol:
+        q, p = sql.count_by_partition(scope.target, scope.pcol, scope.bounds)
+        return dict(conn.execute(q, p).fetchall())
+    q, p = sql.count_window(scope.target, scope.pcol, scope.spans)
+    return {None: (_one(conn, q, p) or (0,))[0]}
+
+
+def _refuse_erasing(
+    conn: duckdb.DuckDBPyConnection, scope: _Scope, rows: int, existing: dict[str | None, int]
+) -> None:
+    """Refuse a batch that would empty a partition holding rows, unless that is declared."""
+    settings = scope.settings
     # An upsert without deletes cannot erase anything, so only the replacing writes are guarded.
     erases = settings.mode == "overwrite" or settings.delete_missing
-    if rows == 0 and existing and erases and not settings.allow_empty:
+    total = sum(existing.values())
+    if not total or not erases or settings.allow_empty:
+        return
+    if scope.bounds and scope.pcol:
+        _refuse_emptied_partitions(
+            conn, scope.staged, scope.pcol, scope.bounds, existing, rows, scope.where
+        )
+    elif rows == 0:
         raise EmptyBatchError(
-            f"Refused to write {where}: the batch is empty but the window holds {existing} rows;"
-            " publishing it would silently erase them. Nothing was changed. Fix: find out why"
-            " the input is empty; if the partition really is empty now, declare it:"
+            f"Refused to write {scope.where}: the batch is empty but the window holds {total}"
+            " rows; publishing it would silently erase them. Nothing was changed. Fix: find"
+            " out why the input is empty; if the partition really is empty now, declare it:"
             " metadata={'allow_empty': True}."
         )
 
-    matched = 0
-    if settings.mode == "merge" and table_cols is not None:
-        q, p = sql.merge_counts(target, source, key, pcol, spans)
-        matched, outside_keys = _one(conn, q, p) or (0, 0)
-        if outside_keys and pcol:
-            q, p = sql.keys_outside_window_sample(target, source, key, pcol, spans)
-            raise KeyOutsideWindowError(
-                f"Refused to write {where}: {outside_keys} key(s) of the batch already exist in"
-                " other partitions; merging would move those rows out of partitions this run"
-                " does not own. Nothing was changed. Fix: rerun the partition that holds them"
-                " first so they leave it, or correct the key. Existing rows:\n"
-                + _sample(conn, q, p)
-            )
 
-    on_stage("guards_passed")
-    if table_cols is None:
+def _matched_rows(conn: duckdb.DuckDBPyConnection, scope: _Scope) -> dict[str | None, int]:
+    """For a merge, the window's rows whose key the batch holds (keyed like existing rows).
+
+    Refuses a batch whose keys already live outside the window.
+    """
+    if scope.settings.mode != "merge" or not scope.table_exists:
+        return {}
+    target, source, key, pcol = scope.target, scope.staged, scope.key, scope.pcol
+    matched: dict[str | None, int]
+    if scope.bounds and pcol:
+        q, p = sql.matched_by_partition(target, source, key, pcol, scope.bounds)
+        matched = dict(conn.execute(q, p).fetchall())
+        outside_keys = matched.pop(None, 0)
+    else:
+        q, p = sql.merge_counts(target, source, key, pcol, scope.spans)
+        in_window, outside_keys = _one(conn, q, p) or (0, 0)
+        matched = {None: in_window}
+    if outside_keys and pcol:
+        q, p = sql.keys_outside_window_sample(target, source, key, pcol, scope.spans)
+        raise KeyOutsideWindowError(
+            f"Refused to write {scope.where}: {outside_keys} key(s) of the batch already exist"
+            " in other partitions; merging would move those rows out of partitions this run"
+            " does not own. Nothing was changed. Fix: rerun the partition that holds them"
+            " first so they leave it, or correct the key. Existing rows:\n" + _sample(conn, q, p)
+        )
+    return matched
+
+
+def _write(
+    conn: duckdb.DuckDBPyConnection,
+    scope: _Scope,
+    existing: dict[str | None, int],
+    matched: dict[str | None, int],
+    on_stage: Callable[[str], None],
+) -> tuple[int, int, int]:
+    """Create the table if needed, delete the window (or the batch's keys), insert the batch.
+
+    Returns the rows inserted, updated and deleted.
+    """
+    settings, target, source, key, pcol = (
+        scope.settings,
+        scope.target,
+        scope.staged,
+        scope.key,
+        scope.pcol,
+    )
+    if not scope.table_exists:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(settings.schema)}")
-        conn.execute(_create_statement(target, source, batch_cols))
+        conn.execute(f"CREATE TABLE {target} AS SELECT * FROM {source} LIMIT 0")
+    updated = sum(matched.values())
     if settings.mode == "merge" and not settings.delete_missing:
         conn.execute(sql.delete_matching_keys(target, source, key))
         deleted = 0
-        updated = matched
     else:
         if pcol:
-            q, p = sql.delete_window(target, pcol, spans)
+            q, p = sql.delete_window(target, pcol, scope.spans)
             conn.execute(q, p)
         else:
             conn.execute(sql.delete_all(target))
-        if settings.mode == "merge":
-            updated, deleted = matched, existing - matched
-        else:
-            updated, deleted = 0, existing
+        deleted = sum(existing.values()) - updated
     on_stage("deleted")
     insert_from = (
-        f"({sql.dedupe(STAGED, key, settings.dedupe_order_by, list(batch_cols))})"
-        if dedupe
+        f"({sql.dedupe(source, key, settings.dedupe_order_by, list(scope.stored_types))})"
+        if settings.mode == "merge" and settings.dedupe_order_by
         else source
     )
-    order_by = pcol if window and len(window.partitions) > 1 else None
+    order_by = pcol if scope.bounds else None
     # DuckDB answers an INSERT with the number of rows it wrote: after dedup, the batch's size.
     rows = _one(conn, sql.insert_by_name(target, insert_from, order_by))[0]
-    inserted = rows - updated
-    on_stage("inserted")
+    return rows - updated, updated, deleted
 
-    columns = list(table_cols or batch_cols)
-    per_partition: dict[str, tuple[int, str]] = {}
-    if pcol and window and len(window.partitions) > 1:
-        ptype = (table_cols or batch_cols)[pcol]
-        bounds = [
-            (w.key, bound_for(w.start, ptype), bound_for(w.end, ptype)) for w in window.partitions
-        ]
-        q, p = sql.partition_fingerprints(target, columns, pcol, bounds)
-        found = {key: (n, d) for key, n, d in conn.execute(q, p).fetchall()}
+
+def _result(
+    conn: duckdb.DuckDBPyConnection,
+    scope: _Scope,
+    inserted: int,
+    updated: int,
+    deleted: int,
+    existing: dict[str | None, int],
+    matched: dict[str | None, int],
+) -> PublishResult:
+    """Fingerprint what the window holds now, per partition for a range."""
+    columns = [c.stored_name for c in scope.columns]
+    per_partition: dict[str, PartitionResult] = {}
+    if scope.bounds and scope.pcol and scope.window:
+        q, p = sql.partition_fingerprints(scope.target, columns, scope.pcol, scope.bounds)
+        found = {k: (n, d) for k, n, d in conn.execute(q, p).fetchall()}
         per_partition = {
-            w.key: (found.get(w.key, (0, 0))[0], _digest(*found.get(w.key, (0, 0))))
-            for w in window.partitions
+            part.key: _partition_result(
+                scope.settings, found.get(part.key, (0, 0)), existing, matched, part
+            )
+            for part in scope.window.partitions
         }
         count = sum(n for n, _ in found.values())
         digest = sum(d for _, d in found.values())
     else:
-        q, p = sql.fingerprint(target, columns, pcol, spans)
+        q, p = sql.fingerprint(scope.target, columns, scope.pcol, scope.spans)
         count, digest = _one(conn, q, p) or (0, 0)
     return PublishResult(
         rows=count,
         inserted=inserted,
         updated=updated,
         deleted=deleted,
-        partitions=window.keys if window else [],
+        partitions=scope.window.keys if scope.window else [],
         fingerprint=_digest(count, digest),
-        table=f"{settings.schema}.{settings.table}",
+        table=f"{scope.settings.schema}.{scope.settings.table}",
         per_partition=per_partition,
+    )
+
+
+def _partition_result(
+    settings: WriteSettings,
+    stored: tuple[int, int],
+    existing: dict[str | None, int],
+    matched: dict[str | None, int],
+    part: PartitionWindow,
+) -> PartitionResult:
+    """One partition's share of a range publish, from counts taken in its transaction."""
+    rows, before, hits = stored[0], existing.get(part.key, 0), matched.get(part.key, 0)
+    if settings.mode == "overwrite":
+        inserted, updated, deleted = rows, 0, before
+    elif settings.delete_missing:
+        inserted, updated, deleted = rows - hits, hits, before - hits
+    else:
+        inserted, updated, deleted = rows - before, hits, 0
+    return PartitionResult(rows, _digest(*stored), inserted, updated, deleted)
+
+
+def _refuse_rounded_out(
+    conn: duckdb.DuckDBPyConnection,
+    raw: str,
+    column: StagedColumn,
+    window: WriteWindow,
+    spans: Sequence[tuple[Any, Any]],
+    rows: int,
+    where: str,
+) -> None:
+    """Refuse rows that lie inside the window as sent but outside it once stored."""
+    if column.type == column.stored_type:
+        return
+    batch_spans = [
+        (bound_for(s, column.type), bound_for(e, column.type)) for s, e in window.spans()
+    ]
+    q, p = sql.rounded_out_of_window(raw, column.name, column.stored_expression, batch_spans, spans)
+    found = conn.execute(q, p).fetchall()
+    if not found:
+        return
+    unit = FLOOR_UNIT.get(column.stored_type, "us")
+    c = column.name
+    raise StrayRowsError(
+        f"Refused to write {where}: {found[0][2]} of {rows} rows have '{c}' inside the window at"
+        f" the batch's precision ({column.type}) but outside it as stored: the table's"
+        f" {column.stored_type} rounds to the nearest {_UNIT_NAMES[unit]}, so {found[0][0]} becomes"
+        f" {found[0][1]}. Stored there, a row would belong to the next partition: that"
+        " partition's run would delete it, and every rerun of this one would add it again."
+        " Nothing was changed. Fix: floor the column to the stored precision before returning"
+        f" it, e.g. df['{c}'] = df['{c}'].dt.floor('{unit}'). Sample:\n"
+        + format_sample(["batch_value", "stored_value"], [r[:2] for r in found])
+    )
+
+
+def _refuse_emptied_partitions(
+    conn: duckdb.DuckDBPyConnection,
+    source: str,
+    pcol: str,
+    bounds: Sequence[tuple[str, Any, Any]],
+    existing: dict[str | None, int],
+    rows: int,
+    where: str,
+) -> None:
+    """Refuse a range batch with no rows for a partition that holds rows."""
+    batch_by_part: dict[str, int] = {}
+    if rows:
+        q, p = sql.count_by_partition(source, pcol, bounds)
+        batch_by_part = dict(conn.execute(q, p).fetchall())
+    emptied = [k for k, _, _ in bounds if existing.get(k) and not batch_by_part.get(k)]
+    if emptied:
+        raise EmptyBatchError(
+            f"Refused to write {where}: the batch has no rows for partition(s) {emptied}, which"
+            f" hold {[existing[k] for k in emptied]} rows; publishing it would silently erase"
+            " them. Nothing was changed. Fix: find out why the input has no rows for them (or"
+            " run only the partitions it covers); if they really are empty now, declare it:"
+            " metadata={'allow_empty': True}."
+        )
+
+
+def _catalog(
+    conn: duckdb.DuckDBPyConnection, schema: str, table: str
+) -> tuple[dict[str, str] | None, bool]:
+    """The columns of ``schema.table`` (as :func:`table_columns`), and whether owners are kept.
+
+    One catalog scan for both: a publish pays for every statement, however small.
+    """
+    rows = conn.execute(
+        "SELECT table_name = ? AND schema_name = ?, column_name, data_type FROM duckdb_columns()"
+        " WHERE database_name = current_database() AND ((lower(schema_name) = lower(?) AND"
+        " lower(table_name) = lower(?)) OR (schema_name = ? AND table_name = ?))"
+        " ORDER BY column_index",
+        [OWNERS_TABLE, OWNERS_SCHEMA, schema, table, OWNERS_SCHEMA, OWNERS_TABLE],
+    ).fetchall()
+    columns = {name: kind for own, name, kind in rows if not own}
+    return columns or None, any(own for own, _, _ in rows)
+
+
+def table_owner(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> str | None:
+    """The asset key (user string) that owns ``schema.table``, or ``None`` if none claimed it.
+
+    Call it only where the owners table exists (see :func:`_catalog`).
+    """
+    rows = conn.execute(
+        f"SELECT asset_key FROM {OWNERS} WHERE schema_key = ? AND table_key = ?",
+        [schema.lower(), table.lower()],
+    ).fetchall()
+    return rows[0][0] if rows else None
+
+
+def claim_table(conn: duckdb.DuckDBPyConnection, schema: str, table: str, asset: str) -> None:
+    """Record ``asset`` as the owner of ``schema.table`` (names compared without case)."""
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {OWNERS} (schema_key VARCHAR, table_key VARCHAR,"
+        " asset_key VARCHAR NOT NULL, PRIMARY KEY (schema_key, table_key))"
+    )
+    conn.execute(f"INSERT INTO {OWNERS} VALUES (?, ?, ?)", [schema.lower(), table.lower(), asset])
+
+
+def _refuse_other_owner(settings: WriteSettings, where: str, owner: str) -> None:
+    target = f"{settings.schema}.{settings.table}"
+    prefix = settings.asset.split("/")[:-1]
+    by_case = (
+        " The two asset keys differ only in case, and DuckDB compares names without regard to case."
+        if owner.lower() == settings.asset.lower()
+        else ""
+    )
+    own_table = (
+        f"metadata={{'schema': '{prefix[-1]}'}} (or leave the IO manager's 'schema' unset, so"
+        " the key prefix names the schema)"
+        if prefix and prefix[-1].lower() != settings.schema.lower()
+        else "another asset name, or metadata={'schema': '<a schema of its own>'}"
+    )
+    raise ConfigurationError(
+        f"Refused to write {where}: table {target} belongs to asset '{owner}', which wrote it"
+        f" first; two assets writing one table would replace each other's rows.{by_case}"
+        f" Nothing was changed. Fix: give this asset a table of its own: {own_table}. If this"
+        f" asset replaces '{owner}' (a renamed asset), hand the table over first: UPDATE"
+        f" {OWNERS} SET asset_key = '{settings.asset}' WHERE schema_key ="
+        f" '{settings.schema.lower()}' AND table_key = '{settings.table.lower()}'."
     )
 
 
 def _digest(count: int, hash_sum: int) -> str:
     return f"{count}:{int(hash_sum) % (1 << 128):032x}"
-
-
-def _create_statement(target: str, source: str, batch_cols: dict[str, str]) -> str:
-    # pandas hands DuckDB nanosecond timestamps; store microseconds, DuckDB's native precision,
-    # so later Arrow batches and SQL literals compare without casts.
-    native = {
-        "TIMESTAMP_S": "TIMESTAMP",
-        "TIMESTAMP_MS": "TIMESTAMP",
-        "TIMESTAMP_NS": "TIMESTAMP",
-        "TIMESTAMPTZ_NS": "TIMESTAMPTZ",
-    }
-    recast = [
-        f"CAST({quote(c)} AS {native[t]}) AS {quote(c)}"
-        for c, t in batch_cols.items()
-        if t in native
-    ]
-    replace = f" REPLACE ({', '.join(recast)})" if recast else ""
-    return f"CREATE TABLE {target} AS SELECT *{replace} FROM {source} LIMIT 0"
 
 
 def table_fingerprint(
@@ -470,6 +725,9 @@ def table_fingerprint(
             (bound_for(s, cols[partition_column]), bound_for(e, cols[partition_column]))
             for s, e in window.spans()
         ]
-    q, p = sql.fingerprint(qualified(schema, table), list(cols), partition_column, spans)
+    # The library's own table has a name no user table can have, so it skips that check.
+    own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
+    target = OWNERS if own else qualified(schema, table)
+    q, p = sql.fingerprint(target, list(cols), partition_column, spans)
     count, digest = _one(conn, q, p) or (0, 0)
     return _digest(count, digest)

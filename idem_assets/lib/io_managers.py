@@ -2,6 +2,7 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,11 +15,22 @@ from pydantic import Field
 
 from idem_assets.lib import sql
 from idem_assets.lib.data_versions import record_data_version
-from idem_assets.lib.duckdb_publish import PublishResult, publish, table_columns, to_arrow
+from idem_assets.lib.duckdb_publish import (
+    PartitionResult,
+    PublishResult,
+    publish,
+    table_columns,
+    to_arrow,
+)
 from idem_assets.lib.errors import MissingUpstreamError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.settings import WriteMode, WriteSettings, resolve_settings
-from idem_assets.lib.windows import WriteWindow, bound_for, window_from_context
+from idem_assets.lib.windows import (
+    PartitionWindow,
+    WriteWindow,
+    bound_for,
+    window_from_context,
+)
 
 
 class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
@@ -29,10 +41,14 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
     database: str = Field(
         description="Path of the DuckDB database file (created on first write).",
     )
-    schema_: str = Field(
-        default="main",
+    schema_: str | None = Field(
+        default=None,
         alias="schema",
-        description="Schema for tables; an asset's metadata {'schema': ...} overrides it.",
+        description=(
+            "Schema for every table; an asset's metadata {'schema': ...} overrides it. Unset,"
+            " an asset key's prefix names the schema (['us', 'trips'] writes us.trips), and"
+            " 'main' holds the tables of keys without one."
+        ),
     )
     connection_config: dict[str, Any] = Field(
         default_factory=dict,
@@ -72,14 +88,16 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
             result = publish(conn, batch, settings, window)
         context.add_output_metadata(publish_metadata(result, settings, window))
         record_data_version(context, result.fingerprint)
-        # A range run yields one materialization per partition; give each its own row count
-        # and fingerprint instead of the range's totals.
-        for key, (rows, fingerprint) in result.per_partition.items():
-            context.step_context.add_asset_metadata(
-                {"dagster/row_count": rows, "fingerprint": fingerprint},
-                asset_key=context.asset_key,
-                partition_key=key,
-            )
+        # A range run yields one materialization per partition. Dagster copies the output
+        # metadata onto each of them, so the day's own counts go on each one by key.
+        if window is not None:
+            for part in window.partitions:
+                if part.key in result.per_partition:
+                    context.step_context.add_asset_metadata(
+                        partition_metadata(result.per_partition[part.key], part),
+                        asset_key=context.asset_key,
+                        partition_key=part.key,
+                    )
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame | pa.Table:
         """Load the window's rows (the whole table when unpartitioned), in partition order."""
@@ -183,25 +201,49 @@ def _missing_message(context: dg.InputContext, upstream: str, missing: list[str]
     )
 
 
-def publish_metadata(result: PublishResult, settings: WriteSettings, window: Any) -> dict[str, Any]:
-    """Materialization metadata; ``dagster/row_count`` is what the UI plots per partition."""
+def _window_text(start: datetime, end: datetime) -> str:
+    return f"[{start.isoformat()}, {end.isoformat()})"
+
+
+def publish_metadata(
+    result: PublishResult, settings: WriteSettings, window: WriteWindow | None
+) -> dict[str, Any]:
+    """Materialization metadata; ``dagster/row_count`` is what the UI plots per partition.
+
+    For a range (a chunk of a backfill) the run's totals are prefixed ``range_``: each day's
+    materialization gets its own counts from :func:`partition_metadata`.
+    """
     md: dict[str, Any] = {
-        "dagster/row_count": result.rows,
         "dagster/table_name": result.table,
         "write_mode": settings.mode,
+    }
+    totals: dict[str, Any] = {
+        "dagster/row_count": result.rows,
         "rows_inserted": result.inserted,
         "rows_updated": result.updated,
         "rows_deleted": result.deleted,
         "fingerprint": result.fingerprint,
     }
     if window is not None:
-        md["partitions_written"] = len(result.partitions)
-        md["window"] = f"[{window.start.isoformat()}, {window.end.isoformat()})"
-    if result.per_partition:
-        # Inserted/updated/deleted stay range totals; name the total row count as such.
-        md["range_row_count"] = result.rows
-        md["range_fingerprint"] = result.fingerprint
-    return md
+        totals["partitions_written"] = len(result.partitions)
+        totals["window"] = _window_text(window.start, window.end)
+    if not result.per_partition:
+        return {**md, **totals}
+    totals["row_count"] = totals.pop("dagster/row_count")
+    return {**md, **{f"range_{k}": v for k, v in totals.items()}}
+
+
+def partition_metadata(part: PartitionResult, window: PartitionWindow) -> dict[str, Any]:
+    """One partition's own metadata within a range publish."""
+    return {
+        "dagster/row_count": part.rows,
+        "rows_inserted": part.inserted,
+        "rows_updated": part.updated,
+        "rows_deleted": part.deleted,
+        "fingerprint": part.fingerprint,
+        "partitions_written": 1,
+        "window": _window_text(window.start, window.end),
+    }
 
 
 class DuckDBOverwriteIOManager(_IdempotentDuckDBIOManager):

@@ -25,6 +25,9 @@ ALLOW_EMPTY = "allow_empty"
 ALLOW_RUNTIME_COLUMNS = "allow_runtime_columns"
 SCHEMA = "schema"
 
+#: The schema of an asset whose key has no prefix and whose IO manager names none.
+DEFAULT_SCHEMA = "main"
+
 
 @dataclass(frozen=True)
 class WriteSettings:
@@ -101,14 +104,24 @@ def resolve_settings(
     asset_key: dg.AssetKey,
     metadata: Mapping[str, Any] | None,
     mode: WriteMode,
-    default_schema: str,
+    default_schema: str | None,
     partitioned: bool,
 ) -> WriteSettings:
-    """Validate an asset's metadata for ``mode`` and return its settings."""
+    """Validate an asset's metadata for ``mode`` and return its settings.
+
+    The table is the key's last part. Its schema, as dagster-duckdb resolves it: the asset's
+    ``schema`` metadata, else the IO manager's ``default_schema``, else the key's prefix (its
+    part before the name), else ``main``. Two keys may still resolve to one table; the publish
+    refuses the second asset (see ``duckdb_publish.table_owner``).
+    """
     md = dict(metadata or {})
     asset = asset_key.to_user_string()
     table = validate_identifier(asset_key.path[-1], f"Asset '{asset}': table name")
-    schema = validate_identifier(_raw(md.get(SCHEMA)) or default_schema, f"Asset '{asset}': schema")
+    prefix = asset_key.path[-2] if len(asset_key.path) > 1 else None
+    schema = validate_identifier(
+        _raw(md.get(SCHEMA)) or default_schema or prefix or DEFAULT_SCHEMA,
+        f"Asset '{asset}': schema",
+    )
 
     partition_expr = partition_column(md.get(PARTITION_EXPR), asset)
     if partitioned and partition_expr is None:

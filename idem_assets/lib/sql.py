@@ -26,7 +26,12 @@ def window_predicate(
     c = quote(validate_identifier(column, "partition column"))
     if alias:
         c = f"{alias}.{c}"
-    parts = [f"({c} >= ? AND {c} < ?)" for _ in spans]
+    return span_predicate(c, spans)
+
+
+def span_predicate(expression: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
+    """``expression`` (SQL built from validated names) inside any half-open span."""
+    parts = [f"({expression} >= ? AND {expression} < ?)" for _ in spans]
     params: list[Any] = [b for span in spans for b in span]
     return "(" + " OR ".join(parts) + ")", params
 
@@ -195,6 +200,86 @@ def keys_outside_window_sample(
     )
 
 
+def _partition_case(
+    partition_column: str, partitions: Sequence[tuple[str, Bound, Bound]]
+) -> Statement:
+    p = quote(validate_identifier(partition_column, "partition column"))
+    case = " ".join(f"WHEN {p} >= ? AND {p} < ? THEN ?" for _ in partitions)
+    params: list[Any] = [v for key, start, end in partitions for v in (start, end, key)]
+    return f"CASE {case} END", params
+
+
+def count_by_partition(
+    relation: str, partition_column: str, partitions: Sequence[tuple[str, Bound, Bound]]
+) -> Statement:
+    """Rows of ``relation`` in each partition: rows of ``(key, count)``, empty ones absent."""
+    case, params = _partition_case(partition_column, partitions)
+    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
+    return (
+        f"SELECT {case} AS partition_key, count(*) FROM {relation} WHERE {pred}"
+        " GROUP BY partition_key",
+        params + where_params,
+    )
+
+
+def matched_by_partition(
+    target: str,
+    source: str,
+    key: Sequence[str],
+    partition_column: str,
+    partitions: Sequence[tuple[str, Bound, Bound]],
+) -> Statement:
+    """Target rows whose key the batch holds, per partition: rows of ``(key, count)``.
+
+    Rows outside every partition come back under the key NULL.
+    """
+    case, params = _partition_case(partition_column, partitions)
+    return (
+        f"SELECT {case} AS partition_key, count(*) FROM {target} t WHERE {_key_in(source, key)}"
+        " GROUP BY partition_key",
+        params,
+    )
+
+
+def rounded_out_of_window(
+    source: str,
+    column: str,
+    stored: str,
+    batch_spans: Sequence[tuple[Bound, Bound]],
+    stored_spans: Sequence[tuple[Bound, Bound]],
+    limit: int = 5,
+) -> Statement:
+    """Rows inside the window as sent that ``stored`` (their stored value) moves out of it.
+
+    Columns returned: ``batch_value, stored_value, rows`` (``rows`` counts them all); the values
+    as text, so nanoseconds survive the trip to Python.
+    """
+    p = quote(validate_identifier(column, "partition column"))
+    inside, params = window_predicate(column, batch_spans)
+    stays, stored_params = span_predicate(stored, stored_spans)
+    return (
+        f"SELECT CAST({p} AS VARCHAR) AS batch_value, CAST({stored} AS VARCHAR) AS stored_value,"
+        " count(*) OVER () AS rows"
+        f" FROM {source} WHERE {inside} AND NOT {stays} ORDER BY {p} LIMIT {int(limit)}",
+        params + stored_params,
+    )
+
+
+def lossy_values(source: str, casts: Sequence[tuple[str, str, str]], limit: int = 3) -> str:
+    """Per column, values that do not survive the cast and back: ``(column, type, stored)``.
+
+    Columns returned: per entry, the count of such values and a list of up to ``limit`` of them.
+    """
+    parts = []
+    for column, batch_type, stored_type in casts:
+        c = quote(validate_identifier(column, "column"))
+        back = f"TRY_CAST(CAST({c} AS {stored_type}) AS {batch_type})"
+        lost = f"{c} IS NOT NULL AND {back} IS DISTINCT FROM {c}"
+        examples = f"(list({c} ORDER BY {c}) FILTER (WHERE {lost}))[1:{int(limit)}]"
+        parts.append(f"count(*) FILTER (WHERE {lost}), {examples}")
+    return f"SELECT {', '.join(parts)} FROM {source}"
+
+
 def partition_fingerprints(
     target: str,
     columns: Sequence[str],
@@ -207,12 +292,10 @@ def partition_fingerprints(
     carry its own row count and fingerprint rather than the range's totals.
     """
     cols = ", ".join(_cols(sorted(columns)))
-    p = quote(validate_identifier(partition_column, "partition column"))
-    case = " ".join(f"WHEN {p} >= ? AND {p} < ? THEN ?" for _ in partitions)
-    params: list[Any] = [v for key, start, end in partitions for v in (start, end, key)]
+    case, params = _partition_case(partition_column, partitions)
     pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
     return (
-        f"SELECT CASE {case} END AS partition_key, count(*),"
+        f"SELECT {case} AS partition_key, count(*),"
         f" coalesce(sum(hash({cols})::HUGEINT), 0) FROM {target} WHERE {pred}"
         " GROUP BY partition_key",
         params + where_params,

@@ -140,7 +140,7 @@ def test_a_range_in_one_run_equals_the_same_days_one_by_one(make_pipeline: MakeP
     assert all(expected.values())
     assert ranged.fingerprints() == expected
     assert materialized(result) == {t: days("2026-01-02", "2026-01-04") for t in TABLES}
-    assert all(metadata(result, t)["partitions_written"] == 3 for t in TABLES)
+    assert all(metadata(result, t)["range_partitions_written"] == 3 for t in TABLES)
     seeded = [m for m in ranged.logs(result) if m.startswith("Seeded with the running total")]
     assert len(seeded) == 1 and "of 2026-01-01" in seeded[0]
 

@@ -131,10 +131,11 @@ def test_a_range_written_in_one_run_equals_the_days_written_one_by_one(
         # Each partition's materialization carries its own count and fingerprint ...
         assert md["dagster/row_count"] == 1000
         assert md["fingerprint"] == per_day[day]
+        assert (md["rows_inserted"], md["rows_deleted"], md["partitions_written"]) == (1000, 0, 1)
         # ... and the range's totals are named as such.
-        assert md["partitions_written"] == 3
-        assert md["window"] == "[2026-01-01T00:00:00+00:00, 2026-01-04T00:00:00+00:00)"
-        assert md["rows_inserted"] == 3000
+        assert md["range_partitions_written"] == 3
+        assert md["range_window"] == "[2026-01-01T00:00:00+00:00, 2026-01-04T00:00:00+00:00)"
+        assert md["range_rows_inserted"] == 3000
         assert md["range_row_count"] == 3000
         assert md["range_fingerprint"] == whole_range
 

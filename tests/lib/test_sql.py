@@ -123,3 +123,58 @@ def test_the_builders_run_on_duckdb() -> None:
         assert conn.execute("SELECT id FROM main.trips ORDER BY id").fetchall() == [(2,), (3,)]
         text, params = sql.fingerprint(TARGET, ["id", "pickup_at", "order"])
         assert conn.execute(text, params).fetchall()[0][0] == 2
+
+
+PARTS = [("2026-01-01", *DAY), ("2026-01-05", *LATER_DAY)]
+
+
+@pytest.fixture
+def moments() -> duckdb.DuckDBPyConnection:
+    conn = duckdb.connect()
+    conn.execute(
+        "CREATE TABLE t AS SELECT * FROM (VALUES (1, TIMESTAMP '2026-01-01 10:00'),"
+        " (2, TIMESTAMP '2026-01-01 11:00'), (3, TIMESTAMP '2026-01-05 00:00'),"
+        " (4, TIMESTAMP '2026-01-03 00:00')) v(id, ts)"
+    )
+    return conn
+
+
+def test_count_by_partition_leaves_out_rows_of_no_partition(
+    moments: duckdb.DuckDBPyConnection,
+) -> None:
+    q, p = sql.count_by_partition("t", "ts", PARTS)
+    assert sorted(moments.execute(q, p).fetchall()) == [("2026-01-01", 2), ("2026-01-05", 1)]
+
+
+def test_matched_by_partition_puts_keys_outside_every_partition_under_null(
+    moments: duckdb.DuckDBPyConnection,
+) -> None:
+    moments.execute("CREATE TABLE batch AS SELECT * FROM (VALUES (1), (3), (4)) v(id)")
+    q, p = sql.matched_by_partition("t", "batch", ["id"], "ts", PARTS)
+    assert sorted(moments.execute(q, p).fetchall(), key=str) == [
+        ("2026-01-01", 1),
+        ("2026-01-05", 1),
+        (None, 1),
+    ]
+
+
+def test_rounded_out_of_window_shows_both_values_as_text() -> None:
+    conn = duckdb.connect()
+    conn.execute(
+        "CREATE TABLE b AS SELECT TIMESTAMP_NS '2026-01-01 23:59:59.999999999' AS ts"
+        " UNION ALL SELECT TIMESTAMP_NS '2026-01-01 12:00:00'"
+    )
+    q, p = sql.rounded_out_of_window("b", "ts", 'CAST("ts" AS TIMESTAMP)', [DAY], [DAY])
+    assert conn.execute(q, p).fetchall() == [
+        ("2026-01-01 23:59:59.999999999", "2026-01-02 00:00:00", 1)
+    ]
+
+
+def test_lossy_values_counts_what_does_not_survive_the_cast_and_back() -> None:
+    conn = duckdb.connect()
+    conn.execute(
+        "CREATE TABLE b AS SELECT * FROM (VALUES (1::BIGINT), (9007199254740993), (NULL)) v(n)"
+    )
+    assert conn.execute(sql.lossy_values("b", [("n", "BIGINT", "DOUBLE")])).fetchall() == [
+        (1, [9007199254740993])
+    ]

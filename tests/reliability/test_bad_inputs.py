@@ -31,6 +31,7 @@ from idem_assets import landing
 from idem_assets.defs.raw_trips import raw_trips
 from idem_assets.defs.resources import LandingZone
 from idem_assets.defs.trips import trips
+from idem_assets.lib.duckdb_publish import to_arrow
 
 from . import DAILY, NOW, database_fingerprint
 
@@ -40,6 +41,11 @@ RAW: dict[str, Any] = {"partition_expr": "pickup_at"}
 TRIPS: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id"]}
 READINGS_CHECKS = [ia.not_null("value"), ia.between("value", 0, 100)]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "bad-inputs.md"
+OLD_STAGED_NAME = "idem_staged_batch"
+NOTES: dict[str, Any] = {"partition_expr": "noted_at"}
+#: Copies of a day in the checkpointing full-disk case: enough that the checkpoint cannot fit
+#: in the file's free blocks whatever else the warehouse holds.
+CHECKPOINT_COPIES = 300
 
 #: Strings that must survive a write and a read unchanged (the 1 MB one included).
 ODD_STRINGS = [
@@ -93,19 +99,19 @@ def write(
     keys: tuple[str, ...] = (DAY,),
     read_only: bool = False,
     config: dict[str, str] | None = None,
+    asset_key: tuple[str, ...] | None = None,
 ) -> ia.PublishResult:
     """Publish the way worked_example.py does: resolve_settings, window_from_keys, publish."""
     write_settings = ia.resolve_settings(
-        asset_key=dg.AssetKey([table]),
+        asset_key=dg.AssetKey(list(asset_key or [table])),
         metadata=metadata if metadata is not None else (RAW if mode == "overwrite" else TRIPS),
         mode=mode,  # type: ignore[arg-type]
         default_schema="main",
         partitioned=True,
     )
     window = ia.window_from_keys(DAILY, list(keys), write_settings.asset)
-    arrow = (
-        batch if isinstance(batch, pa.Table) else pa.Table.from_pandas(batch, preserve_index=False)
-    )
+    # The IO managers' own conversion, so a DataFrame's index is treated as in a run.
+    arrow = to_arrow(batch, write_settings.asset)
     with connect(env, read_only=read_only, config=config) as conn:
         return ia.publish(conn, arrow, write_settings, window, now=NOW)
 
@@ -235,6 +241,8 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     write(env, tarifas(), table="tarifas", metadata={"partition_expr": "read_at"})
     write_hourly(env, meter(SECOND_ONE_AM, lambda t: t), SECOND_ONE_AM, "meter_tz")
     write(env, corrections(DAY), table="corrections", metadata={"partition_expr": "read_at"})
+    # A table named as the publish once named its staged batch.
+    write(env, notes(DAY, ["a note"]), table=OLD_STAGED_NAME, metadata=NOTES)
     return env.db, env.landing
 
 
@@ -461,7 +469,7 @@ def immutable_file(env: Env) -> object:
     return write(env, stored(env, "raw_trips"))
 
 
-def full_disk(env: Env, checkpoint_threshold: str = "16MB") -> object:
+def full_disk(env: Env, checkpoint_threshold: str = "16MB", copies: int = 60) -> object:
     batch = stored(env, "raw_trips")
     mount = env.tmp / "tiny_disk"
     mount.mkdir()
@@ -475,10 +483,10 @@ def full_disk(env: Env, checkpoint_threshold: str = "16MB") -> object:
     env.stack.callback(subprocess.run, ["umount", str(mount)], check=True)
     shutil.copy(env.db, mount / env.db.name)
     env.db = mount / env.db.name
-    # 60 copies of the day with fresh trip ids: a valid batch of several megabytes.
+    # Copies of the day with fresh trip ids: a valid batch of several megabytes.
     big = pa.concat_tables(
         replaced(batch, "trip_id", pa.array([f"{t}-{i}" for t in batch["trip_id"].to_pylist()]))
-        for i in range(60)
+        for i in range(copies)
     )
     return write(env, big, config={"checkpoint_threshold": checkpoint_threshold})
 
@@ -625,6 +633,76 @@ def key_in_another_partition(env: Env) -> object:
     return write(env, replaced(batch, "trip_id", pa.array(ids)), table="trips", mode="merge")
 
 
+def nanosecond_rounds_into_next_day(env: Env) -> object:
+    frame = stored(env, "raw_trips").to_pandas()
+    last = pd.Timestamp("2026-01-03") - pd.Timedelta(1, "ns")
+    late = frame.iloc[[0]].assign(trip_id="T-LAST-NS", pickup_at=last)
+    return write(env, pd.concat([frame, late], ignore_index=True))
+
+
+def range_rerun_missing_a_day(env: Env) -> object:
+    batch = pa.concat_tables(stored(env, "raw_trips", day) for day in DAYS if day != DAY)
+    return write(env, batch, keys=DAYS)
+
+
+def second_asset_on_a_table(env: Env) -> object:
+    return write(env, stored(env, "raw_trips"), asset_key=("eu", "raw_trips"))
+
+
+def asset_name_in_another_case(env: Env) -> object:
+    return write(env, stored(env, "raw_trips"), asset_key=("Raw_Trips",))
+
+
+def named_index(env: Env) -> object:
+    return write(env, stored(env, "raw_trips").to_pandas().set_index("trip_id"))
+
+
+def index_named_like_a_column(env: Env) -> object:
+    frame = stored(env, "raw_trips").to_pandas()
+    return write(env, frame.set_index(pd.Index(range(len(frame)), name="fare")))
+
+
+def columns_differing_in_case(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    return write(env, batch.append_column("FARE", batch["fare"]))
+
+
+def column_in_another_case(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    return write(env, batch.rename_columns([c.title() for c in batch.column_names]))
+
+
+def asset_named_like_the_staged_batch(env: Env) -> object:
+    return write(env, notes(DAY, ["a note"]), table=OLD_STAGED_NAME, metadata=NOTES)
+
+
+def whole_numbers_into_double(env: Env) -> object:
+    batch = readings(DAY)
+    whole = replaced(
+        batch, "value", pa.array(batch["value"].to_pylist(), pa.float64()).cast(pa.int64())
+    )
+    return write(env, whole, table="readings", metadata={"partition_expr": "read_at"})
+
+
+def int32_into_bigint(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    return write(env, replaced(batch, "passenger_count", batch["passenger_count"].cast(pa.int32())))
+
+
+def double_into_bigint(env: Env) -> object:
+    batch = stored(env, "raw_trips")
+    counts = batch["passenger_count"].cast(pa.float64())
+    return write(env, replaced(batch, "passenger_count", counts))
+
+
+def integer_beyond_double_precision(env: Env) -> object:
+    batch = readings(DAY)
+    values = [int(v) for v in batch["value"].to_pylist()]
+    values[5] = 2**53 + 1
+    wide = replaced(batch, "value", pa.array(values, pa.int64()))
+    return write(env, wide, table="readings", metadata={"partition_expr": "read_at"})
+
+
 # The catalogue ---------------------------------------------------------------------------------
 
 
@@ -699,7 +777,7 @@ CASES: dict[str, Case] = {
         integer_to_text,
         ia.SchemaMismatchError,
         ("passenger_count: table BIGINT, batch VARCHAR",),
-        ("ALTER COLUMN ... TYPE",),
+        ("ALTER TABLE main.raw_trips ALTER COLUMN passenger_count TYPE VARCHAR",),
     ),
     "reordered-columns": Case(reordered_columns, None, ()),
     "tz-aware-into-naive": Case(
@@ -923,6 +1001,62 @@ CASES: dict[str, Case] = {
         ("1 key(s) of the batch already exist in other partitions",),
         ("rerun the partition that holds them first",),
     ),
+    "nanosecond-rounds-into-next-day": Case(
+        nanosecond_rounds_into_next_day,
+        ia.StrayRowsError,
+        (
+            "1 of 201 rows have 'pickup_at' inside the window at the batch's precision",
+            "2026-01-02 23:59:59.999999999 becomes 2026-01-03 00:00:00",
+        ),
+        ("df['pickup_at'] = df['pickup_at'].dt.floor('us')",),
+    ),
+    "range-rerun-missing-a-day": Case(
+        range_rerun_missing_a_day,
+        ia.EmptyBatchError,
+        ("no rows for partition(s) ['2026-01-02'], which hold [200] rows",),
+        ("metadata={'allow_empty': True}",),
+    ),
+    "second-asset-on-a-table": Case(
+        second_asset_on_a_table,
+        ia.ConfigurationError,
+        ("table main.raw_trips belongs to asset 'raw_trips'",),
+        ("metadata={'schema': 'eu'}", "hand the table over first: UPDATE"),
+    ),
+    "asset-name-in-another-case": Case(
+        asset_name_in_another_case,
+        ia.ConfigurationError,
+        ("belongs to asset 'raw_trips'", "differ only in case"),
+        ("another asset name",),
+    ),
+    "named-index": Case(named_index, None, ()),
+    "index-named-like-a-column": Case(
+        index_named_like_a_column,
+        ia.SchemaMismatchError,
+        ("index level(s) ['fare'] have the name of a column too",),
+        ("df.reset_index(drop=True)",),
+    ),
+    "columns-differing-in-case": Case(
+        columns_differing_in_case,
+        ia.SchemaMismatchError,
+        ("more than one column named ['FARE', 'fare']", "without regard to case"),
+        ("drop or rename the duplicates",),
+    ),
+    "column-in-another-case": Case(column_in_another_case, None, ()),
+    "asset-named-like-the-staged-batch": Case(asset_named_like_the_staged_batch, None, ()),
+    "whole-numbers-into-double": Case(whole_numbers_into_double, None, ()),
+    "int32-into-bigint": Case(int32_into_bigint, None, ()),
+    "double-into-bigint": Case(
+        double_into_bigint,
+        ia.SchemaMismatchError,
+        ("passenger_count: table BIGINT, batch DOUBLE",),
+        ("ALTER TABLE main.raw_trips ALTER COLUMN passenger_count TYPE DOUBLE",),
+    ),
+    "integer-beyond-double-precision": Case(
+        integer_beyond_double_precision,
+        ia.SchemaMismatchError,
+        ("1 value(s) of 'value' (BIGINT) are not exactly representable as DOUBLE",),
+        ("df['value'] = df['value'].astype('float64')",),
+    ),
     "read-only-connection": Case(
         read_only_connection,
         duckdb.InvalidInputException,
@@ -992,7 +1126,7 @@ def test_a_full_disk_during_a_checkpointing_commit_is_fatal_but_never_partial(
         before = database_fingerprint(conn)
     original = stored(env, "raw_trips")
     with pytest.raises(duckdb.Error) as failed:
-        full_disk(env, checkpoint_threshold="1KB")
+        full_disk(env, checkpoint_threshold="1KB", copies=CHECKPOINT_COPIES)
     assert "No space left on device" in message(failed.value)
     assert DB_FIX in message(failed.value)
     with connect(env) as conn:
@@ -1001,5 +1135,5 @@ def test_a_full_disk_during_a_checkpointing_commit_is_fatal_but_never_partial(
             "SELECT count(*) FROM main.raw_trips WHERE pickup_at >= ? AND pickup_at < ?",
             [datetime(2026, 1, 2), datetime(2026, 1, 3)],
         ).fetchall()[0][0]
-    # Old or new, never a mix: the old 200 rows, or the whole 12,000-row batch.
-    assert after == before or day == 60 * original.num_rows
+    # Old or new, never a mix: the old 200 rows, or the whole batch.
+    assert after == before or day == CHECKPOINT_COPIES * original.num_rows

@@ -119,7 +119,7 @@ def test_soak_keeps_file_size_wal_handles_and_memory_bounded(tmp_path: Path) -> 
         f" warm-up, {rss_after / MIB:.0f} MiB after phase one, {rss_end / MIB:.0f} MiB at the end"
     )
 
-    assert tables == [("trips_merge",), ("trips_overwrite",)]
+    assert tables == [("idem-table-owners",), ("trips_merge",), ("trips_overwrite",)]
     # Rows: every day holds one version of its 2,000 trips (a correction has ~2,000 too).
     assert all(len(DAYS) * ROWS_PER_DAY * 0.8 < n < len(DAYS) * ROWS_PER_DAY * 1.2 for n in stored)
     # File: freed blocks are reused, so the file stays near the size of the data; a leaked
