@@ -31,7 +31,6 @@ def test_the_code_location_has_one_name_everywhere() -> None:
     commands = dagster_commands()
     assert [c for c in commands if " -m " in c or "--module-name" in c] == []
     assert [c for c in commands if c.startswith("dagster ")] == [
-        "dagster definitions validate -w workspace.yaml",
         "dagster job backfill -w workspace.yaml -j taxi_daily --from 2026-01-01 --to 2026-01-05"
         " --noprompt",
     ]
