@@ -27,6 +27,7 @@ def test_the_code_location_has_one_name_everywhere() -> None:
     (entry,) = workspace["load_from"]
     assert entry["python_module"]["location_name"] == LOCATION
     assert pyproject["tool"]["dg"]["project"]["code_location_name"] == LOCATION
+    assert pyproject["tool"]["dagster"]["code_location_name"] == LOCATION
     # A command naming the module creates a location called after it, which the daemon lacks.
     commands = dagster_commands()
     assert [c for c in commands if " -m " in c or "--module-name" in c] == []
