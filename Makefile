@@ -31,10 +31,10 @@ test-full: $(STAMP)
 browser-deps:
 	bash scripts/install_browser.sh
 
-# The partitions are January 2026 (idem_assets/defs/partitions.py), and so is the landing data:
-# every day gets a file, and a day that already has one (such as `make demo`'s correction) keeps it.
+# A landing file for every day of the partitions, and for today, whose file the next schedule
+# tick loads; a day that already has one (such as `make demo`'s correction) keeps it.
 dev-data: $(STAMP)
-	$(BIN)/python -m idem_assets.landing generate --start 2026-01-01 --end 2026-01-31 --rows 1000 --missing-only
+	$(BIN)/python -m idem_assets.landing generate --start 2026-01-01 --end today --rows 1000 --missing-only
 
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml dev-data
 	# dg dev is the successor of dagster dev (webserver + daemon); VIRTUAL_ENV tells dg which venv runs.

@@ -13,7 +13,7 @@ late or short deliveries.
 Command line::
 
     python -m idem_assets.landing generate --start 2026-01-01 --end 2026-01-31 --rows 1000
-    python -m idem_assets.landing generate --start 2026-01-01 --end 2026-01-31 --missing-only
+    python -m idem_assets.landing generate --start 2026-01-01 --end today --missing-only
     python -m idem_assets.landing mess --day 2026-01-05 --correct --changed 10 --removed 5
     python -m idem_assets.landing show
 """
@@ -30,7 +30,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -736,6 +736,9 @@ def _parse_cents(text: str) -> int:
 
 
 def _iso_date(text: str) -> date:
+    # Only the command line reads the clock: a day's bytes still depend on the day alone.
+    if text == "today":
+        return datetime.now(UTC).date()
     try:
         return date.fromisoformat(text)
     except ValueError:
@@ -753,7 +756,9 @@ def _build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="write one original file per day")
     gen.add_argument("--root", type=Path, default=None, help=root_help)
     gen.add_argument("--start", type=_iso_date, required=True, help="first day, YYYY-MM-DD")
-    gen.add_argument("--end", type=_iso_date, required=True, help="last day (inclusive)")
+    gen.add_argument(
+        "--end", type=_iso_date, required=True, help="last day (inclusive), or 'today' (UTC)"
+    )
     gen.add_argument("--rows", type=int, default=1000, help="trips per day (default: 1000)")
     gen.add_argument(
         "--missing-only", action="store_true", help="keep the days that already have a file"

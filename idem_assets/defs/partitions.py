@@ -2,14 +2,13 @@
 
 import dagster as dg
 
-#: The days the bundled landing data covers (`make dev` writes one file for each of them).
+#: The first day of trips; `make dev` writes a landing file for every day from it to today.
 FIRST_DAY = "2026-01-01"
-LAST_DAY = "2026-01-31"
 
-#: Every asset is keyed to one UTC day of trips, never to the wall clock. The definition ends with
-#: the data, so the UI's partition plots (the last 120 days), its backfill dialog (the last 90)
-#: and the schedule all point at days that have a file; a live feed drops ``end_date``.
-DAILY = dg.DailyPartitionsDefinition(start_date=FIRST_DAY, end_date="2026-02-01", timezone="UTC")
+#: Every asset is keyed to one UTC day of trips, never to the wall clock. The definition runs to
+#: the last finished day, as a live feed's does. (Dagster 1.13's UI lists and plots partitions
+#: newest first counting back from now, even past an ``end_date``, so the data reaches today.)
+DAILY = dg.DailyPartitionsDefinition(start_date=FIRST_DAY, timezone="UTC")
 
 #: Chunk size of a backfill for assets whose days are independent: a year is 12 runs, each
 #: one transaction per asset, so the fixed cost of a run is paid a dozen times, not 365.

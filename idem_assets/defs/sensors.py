@@ -8,7 +8,7 @@ from typing import Any
 import dagster as dg
 
 from idem_assets.defs.jobs import taxi_daily_job
-from idem_assets.defs.partitions import DAILY
+from idem_assets.defs.partitions import DAILY, FIRST_DAY
 from idem_assets.defs.resources import LandingZone
 from idem_assets.landing import landing_fingerprint, list_days
 
@@ -90,8 +90,10 @@ def baseline(fingerprints: dict[str, str]) -> dict[str, dict[str, Any]]:
 def late_file_sensor(context: dg.SensorEvaluationContext, landing: LandingZone) -> dg.SensorResult:
     """Request a rerun of every finished day whose landing file is new or changed."""
     fingerprints = {}
+    # Today's file too, when it is already there: the baseline then counts it as seen, so when
+    # the day ends the schedule loads it, not the schedule and this sensor both.
     for day in list_days(landing.path):
-        if DAILY.has_partition_key(day.isoformat()):
+        if day.isoformat() >= FIRST_DAY:
             sha = landing_fingerprint(landing.path, day)
             if sha is not None:
                 fingerprints[day.isoformat()] = sha

@@ -1,7 +1,7 @@
 """What a new user meets first: one location name, dev data that fits the partitions, the pool."""
 
 import tomllib
-from datetime import date
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -12,12 +12,13 @@ from e2e.readme import dagster_commands
 from idem_assets import landing
 from idem_assets.defs.partitions import DAILY, WAREHOUSE_POOL, WAREHOUSE_POOL_REASON
 from idem_assets.defs.pools import ensure_warehouse_pool
+from idem_assets.defs.resources import LandingZone
 
-from . import REPO, build_defs, days, run_dev_data
+from . import REPO, build_defs, run_dev_data
 
 LOCATION = "idem_assets"
-#: What the UI shows without asking for more: the backfill dialog's and the plots' last days.
-DIALOG_DAYS, PLOTTED_DAYS = 90, 120
+#: The UI plots the metadata of the last 120 partitions, counted back from now.
+PLOTTED_DAYS = 120
 
 
 def test_the_code_location_has_one_name_everywhere() -> None:
@@ -37,32 +38,40 @@ def test_the_code_location_has_one_name_everywhere() -> None:
     ]
 
 
-def test_the_partitions_are_the_days_make_dev_writes(tmp_path: Path) -> None:
-    keys = DAILY.get_partition_keys()
-
+def test_make_dev_writes_a_file_for_every_partition_and_today(tmp_path: Path) -> None:
     result = run_dev_data(tmp_path)
 
-    assert [day.isoformat() for day in landing.list_days(tmp_path)] == keys
-    assert keys == days("2026-01-01", "2026-01-31")
-    assert len(keys) <= DIALOG_DAYS <= PLOTTED_DAYS
-    assert len(result.stdout.splitlines()) == 31 + 1
+    today = datetime.now(UTC).date()
+    written = landing.list_days(tmp_path)
+    # Every partition has a file, so a first backfill of any range loads, and the last 120 days
+    # the UI plots are days with data; today's file is for the schedule's next tick.
+    assert [day.isoformat() for day in written] == [*DAILY.get_partition_keys(), today.isoformat()]
+    assert len(result.stdout.splitlines()) == len(written) + 1
+    assert len(DAILY.get_partition_keys()[-PLOTTED_DAYS:]) == min(PLOTTED_DAYS, len(written) - 1)
     # Run again, it keeps every file: a correction already delivered stays the latest version.
     landing.correct(tmp_path, date(2026, 1, 3))
     corrected = landing.read_day(tmp_path, date(2026, 1, 3))
     again = run_dev_data(tmp_path)
-    assert again.stdout == "kept 31 day(s) that already had a file\n"
+    assert again.stdout == f"kept {len(written)} day(s) that already had a file\n"
     assert landing.read_day(tmp_path, date(2026, 1, 3)) == corrected
 
 
-def test_the_schedule_asks_for_a_day_make_dev_writes(tmp_path: Path) -> None:
+def test_the_schedules_next_tick_has_a_file_after_make_dev(tmp_path: Path) -> None:
     run_dev_data(tmp_path)
-    schedule = build_defs().resolve_schedule_def("taxi_daily_schedule")
+    defs = build_defs()
+    schedule = defs.resolve_schedule_def("taxi_daily_schedule")
+    next_tick = datetime.combine(datetime.now(UTC).date() + timedelta(days=1), time(1), tzinfo=UTC)
 
-    # Evaluated at the real time, as the UI's preview and the next tick are.
-    data = schedule.evaluate_tick(dg.build_schedule_context())
+    data = schedule.evaluate_tick(
+        dg.build_schedule_context(
+            scheduled_execution_time=next_tick,
+            resources={"landing": LandingZone(root=str(tmp_path))},
+            repository_def=defs.get_repository_def(),
+        )
+    )
 
     (request,) = data.run_requests or []
-    assert request.partition_key == "2026-01-31"
+    assert request.partition_key == datetime.now(UTC).date().isoformat()
     delivered = landing.read_day(tmp_path, date.fromisoformat(request.partition_key))
     assert delivered.expected_rows == 1000
 

@@ -24,8 +24,7 @@ NOW = datetime(2026, 1, 6, 2, 0, tzinfo=UTC)
     ("tick", "partition"),
     [
         (datetime(2026, 1, 5, 1, 0, tzinfo=UTC), "2026-01-04"),
-        # The partitions end with the bundled data: after it, every tick asks for its last day.
-        (datetime(2026, 3, 1, 1, 0, tzinfo=UTC), "2026-01-31"),
+        (datetime(2026, 3, 1, 1, 0, tzinfo=UTC), "2026-02-28"),
     ],
 )
 def test_schedule_requests_only_the_day_that_just_ended(
@@ -38,12 +37,37 @@ def test_schedule_requests_only_the_day_that_just_ended(
     assert schedule.job_name == "taxi_daily"
     assert "Catch-up is off" in (schedule.description or "")
 
-    data = schedule.evaluate_tick(dg.build_schedule_context(scheduled_execution_time=tick))
+    pipeline.generate(partition)
+    data = schedule.evaluate_tick(schedule_context(pipeline, tick))
 
     assert data.skip_message is None
     assert [(r.partition_key, r.run_key) for r in data.run_requests or []] == [
         (partition, partition)
     ]
+
+
+def schedule_context(pipeline: Pipeline, tick: datetime) -> dg.ScheduleEvaluationContext:
+    """A tick of the schedule at ``tick``, with the pipeline's landing zone."""
+    return dg.build_schedule_context(
+        scheduled_execution_time=tick,
+        resources={"landing": LandingZone(root=str(pipeline.root))},
+        repository_def=pipeline.defs.get_repository_def(),
+    )
+
+
+def test_schedule_skips_a_day_whose_file_has_not_arrived(pipeline: Pipeline) -> None:
+    pipeline.generate("2026-01-03")
+    schedule = pipeline.defs.resolve_schedule_def("taxi_daily_schedule")
+
+    data = schedule.evaluate_tick(
+        schedule_context(pipeline, datetime(2026, 1, 5, 1, 0, tzinfo=UTC))
+    )
+
+    assert list(data.run_requests or []) == []
+    assert data.skip_message == (
+        f"No landing file for 2026-01-04 yet: {pipeline.root}/trips/2026-01-04.csv does not"
+        " exist. late_file_sensor loads the day when it arrives; or backfill it."
+    )
 
 
 class Sensor:
