@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -135,7 +135,8 @@ class PostgresServer:
     bin_dir: Path
     root: Path
     port: int
-    password: str
+    # Kept out of repr, which pytest prints with every failing test's fixtures.
+    password: str = field(repr=False)
     user: str = SUPERUSER
     host: str = "127.0.0.1"
     dbname: str = DEFAULT_DB

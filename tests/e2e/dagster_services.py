@@ -394,6 +394,10 @@ class DagsterServices:
     startup_timeout_s: float = 120.0
     shutdown_grace_s: float = 10.0
     port: int = 0
+    # The production shape: a `dagster code-server start` on this port serves the module, and
+    # the daemon and webserver load `workspace` (which must point at the port) over gRPC.
+    workspace: Path | None = None
+    code_server_port: int | None = None
     _services: list[_Service] = field(default_factory=list, init=False, repr=False)
     _token: str = field(default_factory=lambda: uuid.uuid4().hex, init=False, repr=False)
     # Kept after stop() so leftover_processes() can still prove the groups are empty.
@@ -427,6 +431,11 @@ class DagsterServices:
         """Where the webserver's stdout and stderr go."""
         return self.dagster_home / "webserver.log"
 
+    @property
+    def code_server_log(self) -> Path:
+        """Where the gRPC code server's stdout and stderr go."""
+        return self.dagster_home / "code_server.log"
+
     def process_env(self) -> dict[str, str]:
         """Return the environment the services run with, for CLI commands that must match it."""
         env = dict(os.environ)
@@ -456,7 +465,8 @@ class DagsterServices:
         (self.dagster_home / "dagster.yaml").write_text(self.dagster_yaml)
         if not self.port:
             self.port = _free_port()
-        target = ["-m", self.module, "-d", str(self.working_directory)]
+        module_target = ["-m", self.module, "-d", str(self.working_directory)]
+        target = module_target if self.workspace is None else ["-w", str(self.workspace)]
         if self.backfill_interval_seconds is None:
             daemon_cmd = [str(VENV_BIN / "dagster-daemon"), "run", *target]
         else:
@@ -481,6 +491,8 @@ class DagsterServices:
         # Registered before anything starts so an interpreter exit mid-startup still cleans up.
         atexit.register(self.stop)
         try:
+            if self.code_server_port is not None:
+                self._start_code_server(module_target, deadline)
             self._spawn("daemon", daemon_cmd, self.daemon_log)
             self._spawn("webserver", webserver_cmd, self.webserver_log)
             self._wait_until_ready(deadline)
@@ -527,11 +539,11 @@ class DagsterServices:
         return found
 
     def log_tails(self) -> str:
-        """Return the tail of both service logs, for error messages."""
-        return (
-            f"--- {self.daemon_log} ---\n{_tail(self.daemon_log)}\n"
-            f"--- {self.webserver_log} ---\n{_tail(self.webserver_log)}"
-        )
+        """Return the tail of every service log, for error messages."""
+        logs = [self.daemon_log, self.webserver_log]
+        if self.code_server_port is not None:
+            logs.append(self.code_server_log)
+        return "\n".join(f"--- {log} ---\n{_tail(log)}" for log in logs)
 
     def run_cli(
         self, args: Sequence[str], *, timeout_s: float = 120.0
@@ -590,6 +602,35 @@ class DagsterServices:
             raise ServicesError(
                 f"`dagster instance migrate` exited {returncode}\n{_tail(log_path)}"
             )
+
+    def _start_code_server(self, module_target: Sequence[str], deadline: float) -> None:
+        """Start the gRPC code server and wait until it answers a health check.
+
+        The webserver records a location it cannot reach at startup as a load error, so the
+        server must answer before the webserver and daemon start.
+        """
+        port = str(self.code_server_port)
+        command = [str(VENV_BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p"]
+        self._spawn("code-server", [*command, port, *module_target], self.code_server_log)
+        health = [
+            str(VENV_BIN / "dagster"),
+            "api",
+            "grpc-health-check",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            port,
+        ]
+        while time.monotonic() < deadline:
+            if self._services[-1].process.poll() is not None:
+                raise ServicesError(f"The code server exited during startup\n{self.log_tails()}")
+            check = subprocess.run(
+                health, env=self.process_env(), capture_output=True, timeout=30, check=False
+            )
+            if check.returncode == 0:
+                return
+            time.sleep(0.5)
+        raise ServicesError(f"The code server never became healthy\n{self.log_tails()}")
 
     def _spawn(self, name: str, command: list[str], log_path: Path) -> None:
         log_file = log_path.open("ab")
