@@ -9,6 +9,7 @@ password generated per cluster (scram-sha-256), so nothing else on the machine c
         psycopg2.connect(**server.connect_kwargs())
 """
 
+import atexit
 import os
 import pwd
 import re
@@ -150,6 +151,8 @@ class PostgresServer:
         root = Path(tempfile.mkdtemp(prefix="idem-pg-"))
         run_as.own(root)
         server = cls(bin_dir=bin_dir, root=root, port=0, password=secrets.token_urlsafe(24))
+        # The postmaster has a session of its own, so Ctrl-C never reaches it: stop it on exit.
+        atexit.register(server.stop)
         try:
             server._initdb(run_as, timeout_s)
             server._start_on_a_free_port(run_as, timeout_s)
@@ -236,6 +239,7 @@ class PostgresServer:
 
     def stop(self) -> None:
         """Stop the server (fast shutdown, then SIGKILL) and delete its temp dir."""
+        atexit.unregister(self.stop)
         try:
             pid = self.postmaster_pid()
             if pid is not None:

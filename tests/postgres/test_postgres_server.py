@@ -4,6 +4,7 @@ import os
 import shlex
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import psycopg2
@@ -79,3 +80,34 @@ def test_the_instance_url_must_name_psycopg2(postgres_server: PostgresServer) ->
             assert conn.execute(sa.text("SELECT 1")).scalar() == 1
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("ci", "returncode", "outcome"),
+    [("", 0, "1 skipped"), ("true", 1, "CI must run the PostgreSQL tests")],
+    ids=["local", "ci"],
+)
+def test_missing_postgres_skips_locally_and_fails_under_ci(
+    ci: str, returncode: int, outcome: str
+) -> None:
+    repo_root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "IDEM_PG_BIN": "/nonexistent", "CI": ci}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/postgres/test_postgres_server.py::test_the_server_processes_do_not_run_as_root",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == returncode, result.stdout
+    assert outcome in result.stdout, result.stdout
+    assert "No PostgreSQL server binaries in /nonexistent" in result.stdout
