@@ -5,8 +5,8 @@ unprivileged `postgres` user that Debian's package creates. The cluster lives in
 dir, listens on a free loopback port only (no Unix socket outside the temp dir), and requires a
 password generated per cluster (scram-sha-256), so nothing else on the machine can reach it.
 
-    with PostgresServer.start() as server:
-        psycopg2.connect(**server.connect_kwargs())
+    with PostgresServer.start() as server, connect(**server.connect_kwargs()) as conn:
+        ...
 """
 
 import atexit
@@ -20,11 +20,15 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+import psycopg2
+import psycopg2.extensions
 
 # Debian installs each major version side by side; the newest wins.
 DEBIAN_BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -38,6 +42,20 @@ START_ATTEMPTS = 3
 
 class PostgresUnavailableError(RuntimeError):
     """PostgreSQL's server binaries are not installed, or the cluster failed to start."""
+
+
+@contextmanager
+def connect(**kwargs: Any) -> Iterator[psycopg2.extensions.connection]:
+    """A psycopg2 connection that commits on success, rolls back on error, and always closes.
+
+    psycopg2's own `with connection` ends the transaction but leaves the connection open.
+    """
+    conn = psycopg2.connect(**kwargs)
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
 
 
 def find_bin_dir() -> Path:

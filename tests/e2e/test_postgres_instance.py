@@ -15,9 +15,8 @@ from pathlib import Path
 
 import dagster as dg
 import duckdb
-import psycopg2
 import pytest
-from postgres_server import PostgresServer
+from postgres_server import PostgresServer, connect
 
 from idem_assets import landing
 
@@ -92,7 +91,7 @@ def test_a_backfill_runs_on_the_postgres_instance_through_the_grpc_code_server(
 
     assert {record.partition: record.status for record in records} == dict.fromkeys(DAYS, "SUCCESS")
     database = services.env["DAGSTER_PG_DB"]
-    with psycopg2.connect(**postgres_server.connect_kwargs(database)) as conn:
+    with connect(**postgres_server.connect_kwargs(database)) as conn:
         with conn.cursor() as cur:
             cur.execute(
                 "SELECT status, count(*) FROM runs WHERE run_id = ANY(%s) GROUP BY status",

@@ -16,10 +16,11 @@ import threading
 import uuid
 from collections.abc import Iterator
 from datetime import date, timedelta
+from typing import Any
 
 import psycopg2
 import pytest
-from postgres_server import PostgresServer
+from postgres_server import PostgresServer, connect
 
 pytestmark = pytest.mark.slow
 
@@ -33,16 +34,16 @@ WAIT_S = 30.0
 
 
 @pytest.fixture
-def database(postgres_server: PostgresServer) -> Iterator[dict[str, object]]:
+def database(postgres_server: PostgresServer) -> Iterator[dict[str, Any]]:
     name = f"dw_{uuid.uuid4().hex[:12]}"
     postgres_server.create_database(name)
     kwargs = postgres_server.connect_kwargs(name)
-    with psycopg2.connect(**kwargs) as conn, conn.cursor() as cur:
+    with connect(**kwargs) as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE public.trips (pickup_at timestamp NOT NULL, fare numeric)")
     yield kwargs
 
 
-def params(fare: int) -> dict[str, object]:
+def params(fare: int) -> dict[str, Any]:
     start = DAY
     return {
         "table": TABLE,
@@ -53,13 +54,13 @@ def params(fare: int) -> dict[str, object]:
     }
 
 
-def seed(kwargs: dict[str, object], rows: int) -> None:
-    with psycopg2.connect(**kwargs) as conn, conn.cursor() as cur:
+def seed(kwargs: dict[str, Any], rows: int) -> None:
+    with connect(**kwargs) as conn, conn.cursor() as cur:
         for _ in range(rows):
             cur.execute(INSERT_SQL, params(0))
 
 
-def wait_for_b(kwargs: dict[str, object], pid: int, b_deleted: threading.Event) -> str | None:
+def wait_for_b(kwargs: dict[str, Any], pid: int, b_deleted: threading.Event) -> str | None:
     """Wait until B's backend waits on a lock (return what on) or B has deleted (None)."""
     conn = psycopg2.connect(**kwargs)
     conn.autocommit = True
@@ -80,7 +81,7 @@ def wait_for_b(kwargs: dict[str, object], pid: int, b_deleted: threading.Event) 
     raise AssertionError(f"backend {pid} neither waited on a lock nor deleted")
 
 
-def overwrite_concurrently(kwargs: dict[str, object], *, lock: bool) -> tuple[int, str | None]:
+def overwrite_concurrently(kwargs: dict[str, Any], *, lock: bool) -> tuple[int, str | None]:
     """Run writer A and B through one interleaving; return the partition's rows and B's wait.
 
     A deletes the partition; B takes its lock or runs its DELETE, which blocks on A or (with no
@@ -123,15 +124,17 @@ def overwrite_concurrently(kwargs: dict[str, object], *, lock: bool) -> tuple[in
         a.close()
         b.close()
     assert not errors, errors
-    with psycopg2.connect(**kwargs) as conn, conn.cursor() as cur:
+    with connect(**kwargs) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM public.trips")
-        (count,) = cur.fetchone()  # type: ignore[misc]
+        row = cur.fetchone()
+    assert row is not None
+    (count,) = row
     return count, waited_on
 
 
 @pytest.mark.parametrize("existing_rows", [0, ROWS], ids=["first-write", "rerun"])
 def test_two_read_committed_writers_double_the_partition(
-    database: dict[str, object], existing_rows: int
+    database: dict[str, Any], existing_rows: int
 ) -> None:
     seed(database, existing_rows)
     count, waited_on = overwrite_concurrently(database, lock=False)
@@ -143,7 +146,7 @@ def test_two_read_committed_writers_double_the_partition(
 
 @pytest.mark.parametrize("existing_rows", [0, ROWS], ids=["first-write", "rerun"])
 def test_a_per_window_advisory_lock_leaves_one_writers_rows(
-    database: dict[str, object], existing_rows: int
+    database: dict[str, Any], existing_rows: int
 ) -> None:
     seed(database, existing_rows)
     count, waited_on = overwrite_concurrently(database, lock=True)

@@ -11,13 +11,13 @@ import psycopg2
 import pytest
 import sqlalchemy as sa
 from dagster_postgres.utils import get_conn_string
-from postgres_server import PostgresServer, process_alive
+from postgres_server import PostgresServer, connect, process_alive
 
 
 def test_the_session_server_answers_on_loopback_with_its_password(
     postgres_server: PostgresServer,
 ) -> None:
-    with psycopg2.connect(**postgres_server.connect_kwargs()) as conn, conn.cursor() as cur:
+    with connect(**postgres_server.connect_kwargs()) as conn, conn.cursor() as cur:
         cur.execute("SELECT current_user, inet_server_addr()::text, current_setting('port')")
         assert cur.fetchone() == ("idem", "127.0.0.1/32", str(postgres_server.port))
         cur.execute("SELECT current_setting('server_version_num')::int >= 150000")
