@@ -5,7 +5,7 @@ DAGSTER_HOME with the repository's dagster.yaml, writes landing files with
 ``python -m idem_assets.landing generate``, launches work as the UI does and splits the time from
 the launch to the end of the last run into phases read from the runs' event logs:
 
-    python benchmarks/backfill_phases.py                       # one day, 31 days, a year
+    python benchmarks/backfill_phases.py          # one day, 31 days, a year (or every day so far)
     python benchmarks/backfill_phases.py --cases day,month --repeat 3 --save after.json
     python benchmarks/backfill_phases.py --compare before.json after.json
 
@@ -27,13 +27,13 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from idem_assets.defs.partitions import DAILY  # noqa: E402
 from tests.e2e.dagster_services import (  # noqa: E402
     TERMINAL_RUN_STATUSES,
     DagsterGraphQLClient,
@@ -42,7 +42,6 @@ from tests.e2e.dagster_services import (  # noqa: E402
     RunRecord,
 )
 
-FIRST_DAY = date(2026, 1, 1)
 GROUP = ["raw_trips", "trips", "daily_zone_revenue", "revenue_running_total"]
 CASES = {"day": 1, "month": 31, "year": 365}
 
@@ -262,7 +261,8 @@ def children_cpu_s() -> float:
 
 def run_case(name: str, repeat: int, rows: int, timeout_s: float) -> list[dict[str, Any]]:
     """Start fresh services for each repeat of one case and measure it."""
-    days = [(FIRST_DAY + timedelta(days=i)).isoformat() for i in range(CASES[name])]
+    # The partitions end yesterday, so "a year" is every day so far when the year is young.
+    days = DAILY.get_partition_keys()[: CASES[name]]
     samples = []
     for _ in range(repeat):
         work = Path(tempfile.mkdtemp(prefix="backfill-phases-"))
@@ -327,7 +327,7 @@ def table(title: str, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> str
     """A markdown table: one column per case, one row per phase, medians."""
     cases = [c for c in CASES if results.get(c)]
     summary = {c: medians(results[c]) for c in cases}
-    head = [f"**{title}**", *(f"{c} ({CASES[c]} d)" for c in cases)]
+    head = [f"**{title}**", *(f"{c} ({results[c][0]['days']} days)" for c in cases)]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * len(cases) + "|"]
 
     def row(label: str, values: Sequence[str]) -> None:
