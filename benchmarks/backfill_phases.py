@@ -262,7 +262,7 @@ def children_cpu_s() -> float:
 def run_case(name: str, repeat: int, rows: int, timeout_s: float) -> list[dict[str, Any]]:
     """Start fresh services for each repeat of one case and measure it."""
     # The partitions end yesterday, so "a year" is every day so far when the year is young.
-    days = DAILY.get_partition_keys()[: CASES[name]]
+    days = list(DAILY.get_partition_keys()[: CASES[name]])
     samples = []
     for _ in range(repeat):
         work = Path(tempfile.mkdtemp(prefix="backfill-phases-"))
@@ -344,7 +344,7 @@ def table(title: str, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cases", default="day,month,year", help="of: " + ",".join(CASES))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rows", type=int, default=1000, help="trips per day")
