@@ -63,5 +63,8 @@ clean:
 test-backfills: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e/test_backfills.py -q -p no:cacheprovider -x -s
 
+# Where a backfill's wall time goes (a day, 31 days, a year; three each; about 25 minutes):
+# per-phase medians through the stock daemon. BENCH_ARGS="--cases day --repeat 1" for a quick look;
+# benchmarks/backfill_wall_time.py compares one run per day with chunks.
 bench-backfills: $(STAMP)
-	$(BIN)/python benchmarks/backfill_wall_time.py
+	$(BIN)/python benchmarks/backfill_phases.py $(BENCH_ARGS)

@@ -4,8 +4,8 @@ import dagster as dg
 
 from idem_assets.defs.partitions import GROUP, WAREHOUSE_POOL_REASON
 
-#: One process per run: the warehouse pool already keeps runs apart, so steps in processes of
-#: their own would only add 3-8 s of start-up each on a small machine. A launch may override it.
+#: One process per run, as the location's default executor (defs/executor.py) runs every job;
+#: spelled out so the launchpad shows it. A launch may override it with multiprocess.
 IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 
 taxi_daily_job = dg.define_asset_job(

@@ -15,6 +15,9 @@ After each phase the warehouse reconciles with the manifests and the fingerprint
 """
 
 import json
+import os
+import shutil
+import signal
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,8 +69,7 @@ TABLES = {
     "revenue_running_total": "day",
 }
 GROUP = list(TABLES)
-# The test's own runs skip the per-step subprocess (3-8 s per step on a 2-core machine); the
-# queue, the pool, the IO managers and the checks are the same as with the default executor.
+# The location's default executor, spelled out as the job backfill's run config.
 IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 
 _LAUNCH = """
@@ -421,3 +423,120 @@ def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
     assert_reconciles(database, landing_dir)
 
     print("\nbackfill measurements: " + json.dumps(measured, indent=2))
+
+
+def _proc_parent(pid: int) -> int | None:
+    """A process's parent pid from /proc, or None if it has gone or is a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, ppid = stat[stat.rfind(")") + 2 :].split()[:2]
+    return None if state == "Z" else int(ppid)
+
+
+def _live_pids() -> dict[int, int]:
+    """Every live, non-zombie process and its parent."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (ppid := _proc_parent(int(entry))) is not None:
+            found[int(entry)] = ppid
+    return found
+
+
+def _with_descendants(root: int) -> set[int]:
+    """A process and every live process below it."""
+    parents = _live_pids()
+    tree = {root}
+    grew = True
+    while grew:
+        below = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return {pid for pid in tree if pid in parents}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _readers_of(path: Path) -> set[int]:
+    """Processes that hold ``path`` open."""
+    readers = set()
+    for pid in _live_pids():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                    readers.add(pid)
+            except OSError:
+                continue
+    return readers
+
+
+def _run_worker_of(pid: int) -> int:
+    """The run worker above ``pid``: the child of the code server (`dagster api grpc`)."""
+    while (parent := _proc_parent(pid)) is not None and b"grpc" not in _cmdline(parent):
+        pid = parent
+    assert parent is not None, f"process {pid} is not below a code server"
+    return pid
+
+
+def test_a_killed_run_worker_leaves_no_process_that_writes_afterwards(
+    services: DagsterServices, landing_dir: Path, tmp_path: Path
+) -> None:
+    client = services.client
+    database = tmp_path / "warehouse.duckdb"
+    days = PARTITIONS[:3]
+    backfill_id = client.launch_partition_backfill(
+        ["raw_trips", "trips"], days, location=services.location_name
+    )
+    assert client.wait_for_backfill(backfill_id, timeout_s=300)["status"] == "COMPLETED_SUCCESS"
+    before = fingerprints(database, ["raw_trips", "trips"])
+
+    # The middle day arrives corrected, through a FIFO: the chunk's step blocks reading it until
+    # the test writes, so the run worker is killed mid-chunk, before anything was published.
+    corrected = tmp_path / "corrected"
+    shutil.copytree(landing_dir, corrected)
+    middle = date.fromisoformat(days[1])
+    landing.correct(corrected, middle)
+    shutil.copy(
+        landing.manifest_path(corrected, middle), landing.manifest_path(landing_dir, middle)
+    )
+    fifo = landing.csv_path(landing_dir, middle)
+    fifo.unlink()
+    os.mkfifo(fifo)
+    # Held open for writing, so a reader's open() returns and it blocks in read() until closed.
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+
+    backfill_id = client.launch_partition_backfill(
+        ["raw_trips", "trips"], days, location=services.location_name
+    )
+    deadline = time.monotonic() + 180
+    while not (readers := _readers_of(fifo) - {os.getpid()}):
+        assert time.monotonic() < deadline, services.log_tails()
+        time.sleep(0.2)
+    worker = _run_worker_of(next(iter(readers)))
+    of_the_run = _with_descendants(worker)
+    assert readers <= of_the_run, (readers, of_the_run)
+
+    os.kill(worker, signal.SIGKILL)
+    time.sleep(2)
+    # A step process that outlived its worker would read the corrected day now and publish it.
+    with os.fdopen(writer, "wb") as f:
+        if _readers_of(fifo) - {os.getpid()}:
+            f.write(landing.csv_path(corrected, middle).read_bytes())
+    deadline = time.monotonic() + 20
+    while (left := {pid for pid in of_the_run if _proc_parent(pid) is not None}) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+
+    assert left == set(), [_cmdline(pid)[:200] for pid in left]
+    assert fingerprints(database, ["raw_trips", "trips"]) == before
