@@ -11,7 +11,6 @@ from idem_assets.lib.checks import (
     unique,
 )
 from idem_assets.lib.data_versions import content_changed, record_data_version
-from idem_assets.lib.duckdb_publish import PublishResult, publish, table_fingerprint
 from idem_assets.lib.errors import (
     BlockingCheckError,
     ConfigurationError,
@@ -35,6 +34,7 @@ from idem_assets.lib.outbox import (
     content_fingerprint,
     idempotency_key,
 )
+from idem_assets.lib.publish import PublishResult, publish, table_fingerprint
 from idem_assets.lib.settings import WriteSettings, resolve_settings
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, window_from_keys
 

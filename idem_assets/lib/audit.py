@@ -20,7 +20,8 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from idem_assets.lib import sql
+from idem_assets.lib import batch_sql
+from idem_assets.lib.batches import to_arrow
 from idem_assets.lib.check_reports import (
     day_evaluations,
     markdown,
@@ -35,7 +36,6 @@ from idem_assets.lib.checks import (
     in_window,
     judge,
 )
-from idem_assets.lib.duckdb_publish import column_types, to_arrow
 from idem_assets.lib.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.identifiers import quote
 from idem_assets.lib.settings import (
@@ -45,7 +45,13 @@ from idem_assets.lib.settings import (
     _raw,
     partition_column,
 )
-from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for, window_from_keys
+from idem_assets.lib.windows import (
+    PartitionWindow,
+    WriteWindow,
+    bound_for,
+    spans_for,
+    window_from_keys,
+)
 
 # The audit's own relations and columns sit next to the user's columns in one query. Each name
 # holds a space, which validate_identifier refuses, so no user table or column can take it.
@@ -95,7 +101,7 @@ def stage(
     try:
         con.register(_STAGED_NAME, table)
         return con.sql(
-            sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
+            batch_sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
         ).to_arrow_table()
     finally:
         con.close()
@@ -119,7 +125,7 @@ def audit_table(
         con.register(_STAGED_NAME, table)
         aggs = aggregate_sql(checks)
         if window is not None and partition_expr:
-            ptype = column_types(con, _STAGED)[partition_expr]
+            ptype = table.schema.field(partition_expr).type
             wt = pa.table(
                 {
                     _KEY_NAME: [w.key for w in window.partitions],
@@ -179,6 +185,10 @@ def audit_table(
         con.close()
 
 
+def _column_type(con: duckdb.DuckDBPyConnection, column: str) -> pa.DataType:
+    return con.sql(f"SELECT * FROM {_STAGED} LIMIT 0").to_arrow_table().schema.field(column).type
+
+
 def _unbounded() -> tuple[Any, Any]:
     from datetime import datetime
 
@@ -207,11 +217,10 @@ def _failing_sample(
     if pred is not None:
         return sample_rows(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
     if check.kind == "unique":
-        return sample_rows(con, sql.duplicate_key_sample(_STAGED, check.columns))
+        return sample_rows(con, batch_sql.duplicate_key_sample(_STAGED, check.columns))
     if check.kind == "in_window" and partition_expr and window is not None:
-        ptype = column_types(con, _STAGED)[partition_expr]
-        spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
-        q, p = sql.stray_rows_sample(_STAGED, partition_expr, spans)
+        spans = spans_for(window, _column_type(con, partition_expr))
+        q, p = batch_sql.stray_rows_sample(_STAGED, partition_expr, spans)
         return sample_rows(con, q, p)
     return []
 

@@ -17,9 +17,8 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
-from idem_assets.lib import sql
+from idem_assets.lib import batch_sql
 from idem_assets.lib.checks import Check, Verdict
-from idem_assets.lib.duckdb_publish import column_types
 from idem_assets.lib.identifiers import quote
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for
 
@@ -105,7 +104,8 @@ def split_by_partition(
     con = duckdb.connect()
     try:
         con.register(_STAGED, report_table)
-        ptype = column_types(con, _STAGED).get(partition_expr)
+        names = report_table.schema.names
+        ptype = report_table.schema.field(partition_expr).type if partition_expr in names else None
         days = []
         for verdict in verdicts:
             for w in window.partitions:
@@ -135,7 +135,7 @@ def _day_sample(
     verdict: Verdict,
     day: PartitionWindow,
     partition_expr: str,
-    ptype: str | None,
+    ptype: pa.DataType | None,
 ) -> list[dict[str, Any]]:
     """Failing rows of one day, or ``[]`` where no row of the day is to blame."""
     check = verdict.check
@@ -143,7 +143,7 @@ def _day_sample(
         return [{"partition": day.key, **verdict.per_partition.get(day.key, {})}]
     if check.kind == "in_window" or ptype is None:
         return []
-    in_day, params = sql.window_predicate(
+    in_day, params = batch_sql.window_predicate(
         partition_expr, [(bound_for(day.start, ptype), bound_for(day.end, ptype))]
     )
     if check.kind == "freshness":
@@ -164,7 +164,7 @@ def _day_sample(
         ).to_arrow_table()
         con.register(_DAY, day_rows)
         try:
-            return sample_rows(con, sql.duplicate_key_sample(_DAY, check.columns))
+            return sample_rows(con, batch_sql.duplicate_key_sample(_DAY, check.columns))
         finally:
             con.unregister(_DAY)
     return []

@@ -10,7 +10,7 @@ import duckdb
 import pandas as pd
 
 import idem_assets as ia
-from idem_assets.lib.duckdb_publish import to_arrow
+from idem_assets.lib.batches import to_arrow
 
 DAILY = dg.DailyPartitionsDefinition(start_date="2026-01-01")
 DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
