@@ -33,9 +33,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_assets.lib.errors import ConfigurationError, format_sample
+from idem_assets.lib.errors import ConfigurationError
 from idem_assets.lib.outbox import DeliveryRecord, Outbox, content_fingerprint
 from idem_assets.lib.publish import PUBLISH_STAGES, STAGE_HOOK
+from idem_assets.lib.samples import format_sample
 from idem_assets.lib.windows import bound_for
 
 Property = Literal["rerun", "chunking", "input_order", "clock", "crash"]

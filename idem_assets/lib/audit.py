@@ -26,7 +26,6 @@ from idem_assets.lib.check_reports import (
     day_evaluations,
     markdown,
     run_materializations,
-    sample_rows,
     split_by_partition,
 )
 from idem_assets.lib.checks import (
@@ -38,6 +37,7 @@ from idem_assets.lib.checks import (
 )
 from idem_assets.lib.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.identifiers import quote
+from idem_assets.lib.samples import sample_records
 from idem_assets.lib.settings import (
     DEDUPE_ORDER_BY,
     PARTITION_EXPR,
@@ -212,16 +212,18 @@ def _failing_sample(
     if check.kind == "freshness":
         # The newest rows the batch has, to compare with the end of the window.
         col = quote(check.columns[0])
-        return sample_rows(con, f"SELECT * FROM {_STAGED} ORDER BY {col} DESC NULLS LAST LIMIT 5")
+        return sample_records(
+            con, f"SELECT * FROM {_STAGED} ORDER BY {col} DESC NULLS LAST LIMIT 5"
+        )
     pred = check.failing_predicate()
     if pred is not None:
-        return sample_rows(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
+        return sample_records(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
     if check.kind == "unique":
-        return sample_rows(con, batch_sql.duplicate_key_sample(_STAGED, check.columns))
+        return sample_records(con, batch_sql.duplicate_key_sample(_STAGED, check.columns))
     if check.kind == "in_window" and partition_expr and window is not None:
         spans = spans_for(window, _column_type(con, partition_expr))
         q, p = batch_sql.stray_rows_sample(_STAGED, partition_expr, spans)
-        return sample_rows(con, q, p)
+        return sample_records(con, q, p)
     return []
 
 

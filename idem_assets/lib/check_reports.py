@@ -20,6 +20,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from idem_assets.lib import batch_sql
 from idem_assets.lib.checks import Check, Verdict
 from idem_assets.lib.identifiers import quote
+from idem_assets.lib.samples import sample_records
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for
 
 _STAGED = "staged"
@@ -41,21 +42,6 @@ class DayVerdict:
     detail: str
     measured: dict[str, Any]
     sample: list[dict[str, Any]]
-
-
-def sample_rows(
-    con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()
-) -> list[dict[str, Any]]:
-    """Rows of ``query`` as plain dicts, non-scalar values as text (for UI metadata)."""
-    cur = con.execute(query, list(params))
-    cols = [d[0] for d in cur.description or []]
-    return [
-        {
-            c: (v if isinstance(v, int | float | str | bool) or v is None else str(v))
-            for c, v in zip(cols, r, strict=True)
-        }
-        for r in cur.fetchall()
-    ]
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -148,7 +134,7 @@ def _day_sample(
     )
     if check.kind == "freshness":
         col = quote(check.columns[0])
-        return sample_rows(
+        return sample_records(
             con,
             f"SELECT * FROM {_STAGED} WHERE {in_day} ORDER BY {col} DESC NULLS LAST"
             f" LIMIT {_SAMPLE_ROWS}",
@@ -157,14 +143,14 @@ def _day_sample(
     pred = check.failing_predicate()
     if pred is not None:
         query = f"SELECT * FROM {_STAGED} WHERE {in_day} AND ({pred}) LIMIT {_SAMPLE_ROWS}"
-        return sample_rows(con, query, params)
+        return sample_records(con, query, params)
     if check.kind == "unique":
         day_rows = con.sql(
             f"SELECT * FROM {_STAGED} WHERE {in_day}", params=params
         ).to_arrow_table()
         con.register(_DAY, day_rows)
         try:
-            return sample_rows(con, batch_sql.duplicate_key_sample(_DAY, check.columns))
+            return sample_records(con, batch_sql.duplicate_key_sample(_DAY, check.columns))
         finally:
             con.unregister(_DAY)
     return []

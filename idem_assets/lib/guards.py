@@ -5,9 +5,7 @@ evaluator), the target through the counts its backend reports. Each guard raises
 :class:`~idem_assets.lib.errors.IdempotencyError` before anything has changed.
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import duckdb
 
@@ -20,8 +18,8 @@ from idem_assets.lib.errors import (
     KeyOutsideWindowError,
     NullValueError,
     StrayRowsError,
-    format_sample,
 )
+from idem_assets.lib.samples import sample_text as sample
 from idem_assets.lib.settings import WriteSettings
 
 
@@ -34,13 +32,6 @@ class BatchProfile:
     outside: int
     null_key: int
     duplicates: int
-
-
-def sample(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> str:
-    """The rows ``query`` returns, rendered for an error message."""
-    cur = conn.execute(query, list(params))
-    cols = [d[0] for d in cur.description or []]
-    return format_sample(cols, cur.fetchall())
 
 
 def profile(conn: duckdb.DuckDBPyConnection, scope: Scope) -> BatchProfile:

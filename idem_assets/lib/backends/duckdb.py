@@ -25,8 +25,9 @@ from idem_assets.lib.backends.duckdb_columns import (
     stage_columns,
 )
 from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
-from idem_assets.lib.errors import StrayRowsError, format_sample
+from idem_assets.lib.errors import StrayRowsError
 from idem_assets.lib.identifiers import qualified, quote
+from idem_assets.lib.samples import format_sample, sample_text
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import WriteWindow, spans_for
 
@@ -266,8 +267,7 @@ class DuckDBBackend:
         q, p = sql.keys_outside_window_sample(
             _target(scope), scope.staged.relation, scope.key, str(scope.pcol), scope.spans
         )
-        cur = self.conn.execute(q, p)
-        return format_sample([d[0] for d in cur.description or []], cur.fetchall())
+        return sample_text(self.conn, q, p)
 
     def claim(self, settings: WriteSettings) -> None:
         """Record the asset as the owner of its table (names compared without case)."""
