@@ -57,8 +57,9 @@ class PublishResult:
 
 
 def as_backend(store: duckdb.DuckDBPyConnection | Backend) -> Backend:
-    """A backend for ``store``: a DuckDB connection gets the DuckDB backend."""
-    return DuckDBBackend(store) if isinstance(store, duckdb.DuckDBPyConnection) else store
+    """A backend for ``store``: anything else (a DuckDB connection) gets the DuckDB backend."""
+    # Not isinstance(DuckDBPyConnection): wrapped connections (cursors, proxies) count too.
+    return store if isinstance(store, Backend) else DuckDBBackend(store)  # type: ignore[arg-type]
 
 
 def publish(

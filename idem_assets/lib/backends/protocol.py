@@ -9,7 +9,7 @@ factory in ``tests/conformance/conftest.py``.
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import duckdb
 import pandas as pd
@@ -70,6 +70,7 @@ class Scope:
         return f"{self.settings.schema}.{self.settings.table}"
 
 
+@runtime_checkable
 class Backend(Protocol):
     """An engine the idempotent publish can write to; every method runs in its transaction."""
 
