@@ -13,6 +13,7 @@ late or short deliveries.
 Command line::
 
     python -m idem_assets.landing generate --start 2026-01-01 --end 2026-01-31 --rows 1000
+    python -m idem_assets.landing generate --start 2026-01-01 --end today --missing-only
     python -m idem_assets.landing mess --day 2026-01-05 --correct --changed 10 --removed 5
     python -m idem_assets.landing show
 """
@@ -29,7 +30,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -422,10 +423,14 @@ def _value_fits(arrow_type: pa.DataType, value: str) -> bool:
     return True
 
 
-def generate(root: Path, start: date, end: date, rows: int = 1000) -> list[Path]:
+def generate(
+    root: Path, start: date, end: date, rows: int = 1000, *, missing_only: bool = False
+) -> list[Path]:
     """Write one original (version 1) file per day from ``start`` to ``end`` inclusive.
 
-    Each day's bytes depend only on the day and ``rows``; existing files are overwritten.
+    Each day's bytes depend only on the day and ``rows``; existing files are overwritten, or,
+    with ``missing_only``, kept (a correction already delivered stays the day's latest version).
+    Returns the CSVs written.
     """
     if end < start:
         raise ValueError(f"--end {end} is before --start {start}; give an end on or after start.")
@@ -434,8 +439,11 @@ def generate(root: Path, start: date, end: date, rows: int = 1000) -> list[Path]
     paths = []
     day = start
     while day <= end:
-        trips = _original_trips(day, rows)
-        paths.append(_write_day(root, day, trips, rows=len(trips), version=1))
+        if not (
+            missing_only and csv_path(root, day).exists() and manifest_path(root, day).exists()
+        ):
+            trips = _original_trips(day, rows)
+            paths.append(_write_day(root, day, trips, rows=len(trips), version=1))
         day += timedelta(days=1)
     return paths
 
@@ -728,6 +736,9 @@ def _parse_cents(text: str) -> int:
 
 
 def _iso_date(text: str) -> date:
+    # Only the command line reads the clock: a day's bytes still depend on the day alone.
+    if text == "today":
+        return datetime.now(UTC).date()
     try:
         return date.fromisoformat(text)
     except ValueError:
@@ -745,8 +756,13 @@ def _build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="write one original file per day")
     gen.add_argument("--root", type=Path, default=None, help=root_help)
     gen.add_argument("--start", type=_iso_date, required=True, help="first day, YYYY-MM-DD")
-    gen.add_argument("--end", type=_iso_date, required=True, help="last day (inclusive)")
+    gen.add_argument(
+        "--end", type=_iso_date, required=True, help="last day (inclusive), or 'today' (UTC)"
+    )
     gen.add_argument("--rows", type=int, default=1000, help="trips per day (default: 1000)")
+    gen.add_argument(
+        "--missing-only", action="store_true", help="keep the days that already have a file"
+    )
 
     mess = commands.add_parser("mess", help="damage one existing day")
     mess.add_argument("--root", type=Path, default=None, help=root_help)
@@ -826,8 +842,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     root: Path = args.root if args.root is not None else default_landing_dir()
     try:
         if args.command == "generate":
-            for path in generate(root, args.start, args.end, rows=args.rows):
+            written = generate(
+                root, args.start, args.end, rows=args.rows, missing_only=args.missing_only
+            )
+            for path in written:
                 print(_describe(root, date.fromisoformat(path.name.removesuffix(".csv")), path))
+            if args.missing_only:
+                kept = (args.end - args.start).days + 1 - len(written)
+                print(f"kept {kept} day(s) that already had a file")
         elif args.command == "mess":
             path = _run_mess(parser, args, root)
             print(_describe(root, args.day, path))

@@ -8,7 +8,7 @@ from typing import Any
 import dagster as dg
 
 from idem_assets.defs.jobs import taxi_daily_job
-from idem_assets.defs.partitions import DAILY
+from idem_assets.defs.partitions import DAILY, FIRST_DAY
 from idem_assets.defs.resources import LandingZone
 from idem_assets.landing import landing_fingerprint, list_days
 
@@ -71,21 +71,42 @@ def late_file_requests(
     return requests
 
 
+def baseline(fingerprints: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """A cursor that counts every file present now as seen, so none of them is rerun."""
+    return {key: {"sha256": sha, "versions": 1} for key, sha in fingerprints.items()}
+
+
 @dg.sensor(
     job=taxi_daily_job,
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.STOPPED,
-    description="Reruns a past day when its landing file appears late or is corrected.",
+    description=(
+        "Reruns a finished day when its landing file appears late or is corrected (a file's"
+        " sha256 is its run key, so the same bytes never run twice), then recomputes the later"
+        " running totals. Its first tick only records the files already there: loading those is"
+        " a backfill's job, not one run per file."
+    ),
 )
 def late_file_sensor(context: dg.SensorEvaluationContext, landing: LandingZone) -> dg.SensorResult:
     """Request a rerun of every finished day whose landing file is new or changed."""
-    seen: dict[str, dict[str, Any]] = json.loads(context.cursor) if context.cursor else {}
     fingerprints = {}
+    # Today's file too, when it is already there: the baseline then counts it as seen, so when
+    # the day ends the schedule loads it, not the schedule and this sensor both.
     for day in list_days(landing.path):
-        if DAILY.has_partition_key(day.isoformat()):
+        if day.isoformat() >= FIRST_DAY:
             sha = landing_fingerprint(landing.path, day)
             if sha is not None:
                 fingerprints[day.isoformat()] = sha
+    if not context.cursor:
+        seen = baseline(fingerprints)
+        return dg.SensorResult(
+            skip_reason=(
+                f"First tick: recorded {len(seen)} landing file(s) as the baseline; a file that"
+                " appears or changes from now on reruns its day. Backfill the days already there."
+            ),
+            cursor=json.dumps(seen, sort_keys=True),
+        )
+    seen: dict[str, dict[str, Any]] = json.loads(context.cursor)
     totals = context.instance.get_materialized_partitions(RUNNING_TOTAL)
     requests = late_file_requests(
         seen, fingerprints, DAILY.get_last_partition_key(), max(totals) if totals else None

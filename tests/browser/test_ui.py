@@ -1,6 +1,7 @@
 """The Dagster UI as users use it: the lineage, a backfill, a failed blocking check, metadata."""
 
 import re
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from datetime import date
@@ -8,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from defs import run_dev_data
 from e2e.dagster_services import TERMINAL_RUN_STATUSES, DagsterServices, ServicesError
+from e2e.readme import dagster_commands
 from playwright.sync_api import Locator, Page, expect
 
 from idem_assets import landing
@@ -18,7 +21,7 @@ from .conftest import REPO_ROOT, Screenshots
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-MODULE = "idem_assets.definitions"
+WORKSPACE = REPO_ROOT / "workspace.yaml"
 ASSETS = ("raw_trips", "trips", "daily_zone_revenue", "revenue_running_total")
 FIRST_DAY = date(2026, 1, 1)
 BAD_DAY = date(2026, 1, 6)
@@ -28,6 +31,8 @@ BACKFILL_RANGE = "[2026-01-01...2026-01-05]"
 SHOWN_RANGE = "[2026-01-01...2026-01-06]"
 BLOCKING_CHECK = "passenger_count_between_1_and_6"
 RUN_TIMEOUT_S = 180.0
+#: The days of the README's `dagster job backfill` command.
+CLI_DAYS = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-01-05"]
 
 _RUNS_BY_TAG = """
 query RunsByTag($filter: RunsFilter!) {
@@ -67,8 +72,7 @@ def services(tmp_path: Path, landing_dir: Path) -> Iterator[DagsterServices]:
         # The instance settings `make dev` uses: the run queue and one slot for the pool of
         # DuckDB writers, so no two runs hold the warehouse file at once.
         dagster_yaml=(REPO_ROOT / "dagster.yaml").read_text(),
-        module=MODULE,
-        working_directory=REPO_ROOT,
+        workspace=WORKSPACE,
         env={
             landing.LANDING_DIR_ENV: str(landing_dir),
             "IDEM_DUCKDB_PATH": str(tmp_path / "warehouse.duckdb"),
@@ -250,3 +254,132 @@ def test_ui_backfill_blocking_check_and_publish_metadata(
             expect(metadata_value(page, label)).to_have_text(re.compile(r"^\d[\d,]*$"))
         expect(metadata_value(page, "rows_updated")).to_have_text("0")
         expect(metadata_value(page, "rows_deleted")).to_have_text("0")
+
+
+#: Counts the pixels of a chart's canvas drawn in colour: a plotted series is coloured, while an
+#: empty chart has only grey axes and grid lines.
+_COLOURED_PIXELS = """
+(canvas) => {
+  const {data} = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height);
+  let coloured = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    const [r, g, b, a] = [data[i], data[i + 1], data[i + 2], data[i + 3]];
+    if (a > 0 && Math.max(r, g, b) - Math.min(r, g, b) > 60) coloured += 1;
+  }
+  return coloured;
+}
+"""
+
+
+@pytest.fixture
+def after_make_demo(tmp_path: Path) -> Iterator[DagsterServices]:
+    """`make demo`, then `make dev`'s data step and services, all on folders of this test."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO_ROOT / "dagster.yaml").read_text())
+    env = {
+        landing.LANDING_DIR_ENV: str(tmp_path / "landing"),
+        "IDEM_DUCKDB_PATH": str(tmp_path / "data" / "warehouse.duckdb"),
+    }
+    services = DagsterServices(
+        dagster_home=home,
+        dagster_yaml=(REPO_ROOT / "dagster.yaml").read_text(),
+        workspace=WORKSPACE,
+        env=env,
+        backfill_interval_seconds=1.0,
+    )
+    demo = services.run_shell(f"{sys.executable} -m idem_assets.demo", timeout_s=900)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    run_dev_data(tmp_path / "landing")
+    services.start()
+    try:
+        services.client.execute("mutation { setNuxSeen }")
+        yield services
+    finally:
+        services.stop()
+    assert services.leftover_processes() == []
+
+
+def runs_of(services: DagsterServices, backfill_id: str) -> dict[str, str]:
+    """Each run of a backfill by its partition (or range), with its status."""
+    return {
+        run.partition or run.run_id: run.status
+        for run in services.client.runs_for_backfill(backfill_id)
+    }
+
+
+def test_first_hour_ui_backfill_plots_and_the_readme_cli_backfill(
+    after_make_demo: DagsterServices, page: Page, screenshots: Screenshots
+) -> None:
+    services, url, shots = after_make_demo, after_make_demo.url, screenshots
+
+    with shots.step(page, "first backfill from the UI, all partitions"):
+        page.goto(f"{url}/asset-groups")
+        page.get_by_role("button", name="Materialize all…").click()
+        dialog = page.get_by_role("dialog").filter(has_text="Launch runs to materialize 4 assets")
+        shots.expect_visible(page, dialog, "materialize dialog")
+        # "All" is every partition once the dialog shows more than its last 90 days; `make dev`
+        # gave every day a file. (The last 90 alone would fail revenue_running_total's first day,
+        # which needs the total of the day before: its error says to start from the first.)
+        dialog.get_by_role("button", name="All", exact=True).click()
+        if len(DAILY.get_partition_keys()) > 90:
+            show_all = dialog.get_by_text("Show all partitions", exact=True)
+            shots.expect_visible(page, show_all, "show all partitions")
+            show_all.click()
+        everything = f"{len(DAILY.get_partition_keys())} partitions"
+        shots.expect_visible(page, dialog.get_by_text(everything, exact=True), everything)
+        dialog.get_by_role("button", name="Launch backfill").click()
+        toast = page.get_by_text(re.compile(r"^Created backfill \w+$"))
+        shots.expect_visible(page, toast, "backfill toast")
+        match = re.search(r"Created backfill (\w+)", toast.first.inner_text())
+        assert match, toast.first.inner_text()
+        ui_backfill = match.group(1)
+
+    result = services.client.wait_for_backfill(ui_backfill, timeout_s=1800)
+    assert result["status"] == "COMPLETED_SUCCESS", (result, runs_of(services, ui_backfill))
+    # One chunk of 31 days for the three chunked assets, then the running total, oldest first
+    # (one run, or a few when the daemon's ticks split its range); every one succeeded.
+    runs = runs_of(services, ui_backfill)
+    assert set(runs.values()) == {"SUCCESS"}, runs
+    assert "2026-01-01...2026-01-31" in runs, runs
+
+    with shots.step(page, "raw_trips partitions all materialized"):
+        page.goto(f"{url}/assets/raw_trips?view=partitions")
+        materialized = f"Materialized ({len(DAILY.get_partition_keys())})"
+        shots.expect_visible(page, page.get_by_text(materialized), materialized)
+
+    with shots.step(page, "partition plots show the last 120 days"):
+        # The overview's metadata section, switched from its table to its plots by partition.
+        page.goto(f"{url}/assets/raw_trips")
+        page.get_by_role("button", name=re.compile(r"Plots$")).first.click()
+        heading = page.get_by_text("dagster/row_count", exact=True)
+        shots.expect_visible(page, heading, "row_count plot")
+        canvas = page.locator("canvas").first
+        shots.expect_visible(page, canvas, "plot canvas")
+        deadline = time.monotonic() + 30
+        coloured = 0
+        while coloured == 0 and time.monotonic() < deadline:
+            page.wait_for_timeout(500)
+            coloured = canvas.evaluate(_COLOURED_PIXELS)
+        assert coloured > 0, "the row_count plot has no points"
+    shots.publish(shots.taken[-1], "partition-plots.png")
+
+    (backfill_command,) = [c for c in dagster_commands() if c.startswith("dagster job backfill")]
+    done = services.run_shell(backfill_command)
+    assert done.returncode == 0, done.stdout + done.stderr
+    match = re.search(r"Launched backfill job `(\w+)`", done.stdout)
+    assert match, done.stdout
+    cli_backfill = match.group(1)
+    services.client.wait_for_backfill(cli_backfill, timeout_s=600)
+    # The CLI's backfill reads Completed as soon as its runs are queued: the runs are the verdict.
+    assert runs_of(services, cli_backfill) == dict.fromkeys(CLI_DAYS, "SUCCESS")
+
+    with shots.step(page, "the CLI backfill in the UI, its five runs succeeded"):
+        page.goto(f"{url}/runs?q%5B0%5D=tag%3Adagster%2Fbackfill%3D{cli_backfill}")
+        shots.expect_visible(page, page.get_by_text(cli_backfill).first, "the CLI backfill")
+        shots.expect_visible(page, page.get_by_text("5 partitions").first, "its five days")
+        page.get_by_text("Show runs within backfills").click()
+        for day in CLI_DAYS:
+            shots.expect_visible(page, page.get_by_text(f"partition: {day}"), f"run of {day}")
+        expect(page.get_by_text("Success", exact=True)).to_have_count(len(CLI_DAYS))
+    shots.publish(shots.taken[-1], "cli-backfill-runs.png")

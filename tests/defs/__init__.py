@@ -1,5 +1,7 @@
 """Shared helpers for the code-location tests: a fresh pipeline per test and result readers."""
 
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,6 +40,34 @@ def days(first: str, last: str) -> list[str]:
     """Every partition key from ``first`` to ``last`` inclusive."""
     n = (d(last) - d(first)).days
     return [(d(first) + timedelta(days=i)).isoformat() for i in range(n + 1)]
+
+
+def make_recipe(target: str) -> list[str]:
+    """The command lines of a Makefile target, as make would run them from the checkout."""
+    lines = (REPO / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{target}:"))
+    recipe = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        if not line.strip().startswith("#"):
+            recipe.append(line.strip().replace("$(BIN)/python", sys.executable))
+    return recipe
+
+
+def run_dev_data(landing_dir: Path) -> subprocess.CompletedProcess[str]:
+    """Run `make dev-data`'s commands against a landing folder of the test."""
+    (command,) = make_recipe("dev-data")
+    return subprocess.run(
+        command,
+        shell=True,
+        cwd=REPO,
+        env={**os.environ, landing.LANDING_DIR_ENV: str(landing_dir)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
 
 
 def build_defs() -> dg.Definitions:

@@ -42,7 +42,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def test_definitions_validate_and_dg_check_defs(pipeline: Pipeline, tmp_path: Path) -> None:
     env = cli_env(pipeline, tmp_path / "dagster_home")
 
-    validate = cli(env, "dagster", "definitions", "validate", "-m", "idem_assets.definitions")
+    validate = cli(env, "dagster", "definitions", "validate", "-w", "workspace.yaml")
     assert validate.returncode == 0, validate.stdout + validate.stderr
     assert "Validation successful" in validate.stdout + validate.stderr
 

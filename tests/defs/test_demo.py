@@ -5,13 +5,17 @@ import re
 import shutil
 import subprocess
 import sys
+from datetime import UTC, date, datetime
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
+from idem_assets import landing
+from idem_assets.defs.partitions import DAILY
 from idem_assets.worked_example import render_table, run_worked_example
 
-from . import REPO, VENV_BIN
+from . import REPO, TABLES, VENV_BIN, rows_per_day, run_dev_data
 
 
 @pytest.mark.slow
@@ -59,6 +63,33 @@ def test_demo_runs_end_to_end_in_its_own_folders(tmp_path: Path) -> None:
     assert re.search(r"^\s+trips\s+2026-01-03\s+1,000\s+995\s*$", proc.stdout, re.MULTILINE)
     # The worked example's scratch database was written next to the warehouse and removed.
     assert not (tmp_path / "data" / "worked_example.duckdb").exists()
+
+    # `make dev` next: a clean file for every day up to today, the demo's correction kept.
+    run_dev_data(tmp_path / "landing")
+    delivered = {
+        d: landing.read_day(tmp_path / "landing", d)
+        for d in landing.list_days(tmp_path / "landing")
+    }
+    today = datetime.now(UTC).date().isoformat()
+    assert [day.isoformat() for day in delivered] == [*DAILY.get_partition_keys(), today]
+    assert [(day.isoformat(), f.version) for day, f in delivered.items() if f.version != 1] == [
+        ("2026-01-03", 2)
+    ]
+    for day, delivered_file in delivered.items():
+        pickups = {t.date() for t in delivered_file.table.column("pickup_at").to_pylist()}
+        assert pickups == {day}, f"{day} holds a stray trip"
+    # The warehouse holds the three demo days in full, and the instance records exactly those.
+    database = tmp_path / "data" / "warehouse.duckdb"
+    assert rows_per_day(database, "raw_trips") == {
+        "2026-01-01": 1000,
+        "2026-01-02": 1000,
+        "2026-01-03": 995,
+    }
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for table in TABLES:
+            materialized = instance.get_materialized_partitions(dg.AssetKey(table))
+            assert materialized == {"2026-01-01", "2026-01-02", "2026-01-03"}, table
+    assert delivered[date(2026, 1, 2)].expected_rows == 1000
 
 
 def test_worked_example_creates_its_folder_and_cleans_up(tmp_path: Path) -> None:

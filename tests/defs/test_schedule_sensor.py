@@ -35,13 +35,39 @@ def test_schedule_requests_only_the_day_that_just_ended(
     assert schedule.execution_timezone == "UTC"
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     assert schedule.job_name == "taxi_daily"
+    assert "Catch-up is off" in (schedule.description or "")
 
-    data = schedule.evaluate_tick(dg.build_schedule_context(scheduled_execution_time=tick))
+    pipeline.generate(partition)
+    data = schedule.evaluate_tick(schedule_context(pipeline, tick))
 
     assert data.skip_message is None
     assert [(r.partition_key, r.run_key) for r in data.run_requests or []] == [
         (partition, partition)
     ]
+
+
+def schedule_context(pipeline: Pipeline, tick: datetime) -> dg.ScheduleEvaluationContext:
+    """A tick of the schedule at ``tick``, with the pipeline's landing zone."""
+    return dg.build_schedule_context(
+        scheduled_execution_time=tick,
+        resources={"landing": LandingZone(root=str(pipeline.root))},
+        repository_def=pipeline.defs.get_repository_def(),
+    )
+
+
+def test_schedule_skips_a_day_whose_file_has_not_arrived(pipeline: Pipeline) -> None:
+    pipeline.generate("2026-01-03")
+    schedule = pipeline.defs.resolve_schedule_def("taxi_daily_schedule")
+
+    data = schedule.evaluate_tick(
+        schedule_context(pipeline, datetime(2026, 1, 5, 1, 0, tzinfo=UTC))
+    )
+
+    assert list(data.run_requests or []) == []
+    assert data.skip_message == (
+        f"No landing file for 2026-01-04 yet: {pipeline.root}/trips/2026-01-04.csv does not"
+        " exist. late_file_sensor loads the day when it arrives; or backfill it."
+    )
 
 
 class Sensor:
@@ -71,27 +97,48 @@ def sha(pipeline: Pipeline, day: str) -> str:
     return fingerprint
 
 
-def test_sensor_requests_each_file_version_once(pipeline: Pipeline) -> None:
-    pipeline.generate("2026-01-01", "2026-01-06")
+def test_sensor_first_tick_records_a_baseline_and_requests_nothing(pipeline: Pipeline) -> None:
+    pipeline.generate("2026-01-01", "2026-01-05")
     sensor = Sensor(pipeline)
     assert sensor.sensor.job_name == "taxi_daily"
     assert sensor.sensor.minimum_interval_seconds == 60
+    assert "first tick only records the files already there" in (sensor.sensor.description or "")
 
-    first = sensor.tick()
+    context = dg.build_sensor_context(
+        instance=pipeline.instance,
+        resources={"landing": LandingZone(root=str(pipeline.root))},
+        definitions=pipeline.defs,
+    )
+    with time_machine.travel(NOW, tick=False):
+        data = sensor.sensor.evaluate_tick(context)
 
-    finished = days("2026-01-01", "2026-01-05")
-    assert [r.partition_key for r in first] == finished  # 2026-01-06 is still the schedule's
-    for request, day in zip(first, finished, strict=True):
-        assert request.run_key == f"{day}:{sha(pipeline, day)[:16]}:1"
-        assert request.tags[SHA_TAG] == sha(pipeline, day)
-        assert request.asset_selection is None
-    assert json.loads(sensor.cursor or "") == {
-        day: {"sha256": sha(pipeline, day), "versions": 1} for day in finished
+    assert list(data.run_requests or []) == []
+    assert data.skip_message == (
+        "First tick: recorded 5 landing file(s) as the baseline; a file that appears or changes"
+        " from now on reruns its day. Backfill the days already there."
+    )
+    assert json.loads(data.cursor or "") == {
+        day: {"sha256": sha(pipeline, day), "versions": 1}
+        for day in days("2026-01-01", "2026-01-05")
     }
 
-    assert sensor.tick() == []
 
-    old_key = next(r.run_key for r in first if r.partition_key == "2026-01-03")
+def test_sensor_requests_each_file_version_once(pipeline: Pipeline) -> None:
+    pipeline.generate("2026-01-01", "2026-01-04")
+    sensor = Sensor(pipeline)
+    assert sensor.tick() == []  # the baseline
+
+    pipeline.generate("2026-01-05", "2026-01-05")  # a late file
+    (late,) = sensor.tick()
+    assert late.partition_key == "2026-01-05"
+    assert late.run_key == f"2026-01-05:{sha(pipeline, '2026-01-05')[:16]}:1"
+    assert late.tags[SHA_TAG] == sha(pipeline, "2026-01-05")
+    assert late.asset_selection is None
+
+    pipeline.generate("2026-01-06", "2026-01-06")
+    assert sensor.tick() == []  # 2026-01-06 is still the schedule's
+
+    old_key = run_key_for(d("2026-01-03"), sha(pipeline, "2026-01-03"))
     landing.correct(pipeline.root, d("2026-01-03"))
     (rerun,) = sensor.tick()
     assert rerun.partition_key == "2026-01-03"
@@ -113,10 +160,7 @@ def test_sensor_follows_a_corrected_day_with_the_later_running_totals(
     for day in days("2026-01-01", "2026-01-04"):
         pipeline.run_ok(day)
     sensor = Sensor(pipeline)
-    first = sensor.tick()
-    # A fresh cursor sees every file as new: one run per day, then ONE running-total run.
-    assert [r.partition_key for r in first if r.partition_key] == days("2026-01-01", "2026-01-04")
-    assert [r.asset_selection for r in first if not r.partition_key] == [[RUNNING_TOTAL]]
+    assert sensor.tick() == []  # the baseline
 
     landing.correct(pipeline.root, d("2026-01-02"))
     requests = sensor.tick()

@@ -20,6 +20,7 @@ from typing import IO, Any, Self
 # The binaries of the interpreter running the tests: sys.executable is not resolved, so a venv's
 # python points at the venv's bin rather than at the base interpreter's.
 VENV_BIN = Path(sys.executable).parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Runs launched by the DefaultRunLauncher are grandchildren of the daemon; this tag joins a run to
 # the backfill that created it, whichever daemon or CLI submitted it.
@@ -385,8 +386,11 @@ class DagsterServices:
 
     dagster_home: Path
     dagster_yaml: str
-    module: str
-    working_directory: Path
+    # The code location: a workspace file, as `make dev` and the README load it (the location's
+    # name is then the user's), or a bare module (named after the module), for toy locations.
+    workspace: Path | None = None
+    module: str | None = None
+    working_directory: Path = REPO_ROOT
     env: Mapping[str, str] = field(default_factory=dict)
     # None keeps the stock 30 s backfill tick and the stock `dagster-daemon` binary.
     backfill_interval_seconds: float | None = None
@@ -433,6 +437,8 @@ class DagsterServices:
         env.update(self.env)
         env["DAGSTER_HOME"] = str(self.dagster_home)
         env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+        # As in an activated venv, so `dg` runs the project's environment without a warning.
+        env["VIRTUAL_ENV"] = str(VENV_BIN.parent)
         # Every descendant inherits this marker, which finds run workers that left our groups.
         env["IDEM_E2E_SERVICES_TOKEN"] = self._token
         env["PYTHONUNBUFFERED"] = "1"
@@ -456,7 +462,12 @@ class DagsterServices:
         (self.dagster_home / "dagster.yaml").write_text(self.dagster_yaml)
         if not self.port:
             self.port = _free_port()
-        target = ["-m", self.module, "-d", str(self.working_directory)]
+        if (self.workspace is None) == (self.module is None):
+            raise ValueError("Give DagsterServices exactly one of workspace= and module=")
+        if self.workspace is not None:
+            target = ["-w", str(self.workspace)]
+        else:
+            target = ["-m", str(self.module), "-d", str(self.working_directory)]
         if self.backfill_interval_seconds is None:
             daemon_cmd = [str(VENV_BIN / "dagster-daemon"), "run", *target]
         else:
@@ -560,6 +571,27 @@ class DagsterServices:
                 f"stdout:\n{stdout}\nstderr:\n{stderr}"
             )
         return result
+
+    def run_shell(
+        self, command: str, *, timeout_s: float = 300.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command line exactly as a user types it (bash, in the working directory)."""
+        process = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=self.working_directory,
+            env=self.process_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except BaseException:
+            _killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
     def _initialize_storage(self, deadline: float) -> None:
         """Create the storage schema before two processes race to create it.

@@ -9,7 +9,7 @@ One DAGSTER_HOME and one warehouse are shared by the phases below, in this order
 3. A chunked asset backfill of the whole group: one run for raw_trips, trips and
    daily_zone_revenue (multi_run(31) covers 15 days), then one run for revenue_running_total.
 4. ``dagster job backfill -j taxi_daily`` from the CLI: one run per day, oldest first.
-5. ``dagster asset materialize --partition-range`` of revenue_running_total: one run.
+5. ``dg launch --assets revenue_running_total --partition-range``: one run.
 
 After each phase the warehouse reconciles with the manifests and the fingerprints are unchanged.
 """
@@ -50,7 +50,7 @@ from .dagster_services import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MODULE = "idem_assets.definitions"
+WORKSPACE = "workspace.yaml"
 JOB = "taxi_daily"
 FIRST_DAY = date(2026, 1, 1)
 DAYS = 15
@@ -289,8 +289,7 @@ def services(tmp_path: Path, landing_dir: Path) -> Iterator[DagsterServices]:
     services = DagsterServices(
         dagster_home=tmp_path / "dagster_home",
         dagster_yaml=instance_yaml(),
-        module=MODULE,
-        working_directory=REPO_ROOT,
+        workspace=REPO_ROOT / WORKSPACE,
         env={
             "IDEM_LANDING_DIR": str(landing_dir),
             "IDEM_DUCKDB_PATH": str(tmp_path / "warehouse.duckdb"),
@@ -389,8 +388,8 @@ def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
         [
             "job",
             "backfill",
-            "-m",
-            MODULE,
+            "-w",
+            WORKSPACE,
             "-j",
             JOB,
             "--partitions",
@@ -411,19 +410,12 @@ def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
 
     # 5. A range of revenue_running_total in one in-process run from the CLI.
     started = time.monotonic()
-    services.run_cli(
-        [
-            "asset",
-            "materialize",
-            "-m",
-            MODULE,
-            "--select",
-            "revenue_running_total",
-            "--partition-range",
-            f"{PARTITIONS[4]}...{PARTITIONS[-1]}",
-        ],
+    launch = services.run_shell(
+        "dg launch --assets revenue_running_total --partition-range"
+        f" {PARTITIONS[4]}...{PARTITIONS[-1]}",
         timeout_s=180,
     )
+    assert launch.returncode == 0, launch.stdout + launch.stderr
     measured["cli_asset_materialize_range_s"] = round(time.monotonic() - started, 1)
     assert fingerprints(database) == everything
     assert_reconciles(database, landing_dir)
