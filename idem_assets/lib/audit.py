@@ -30,6 +30,9 @@ from idem_assets.lib.check_reports import (
 )
 from idem_assets.lib.checks import (
     Check,
+    Freshness,
+    RowCount,
+    SampleScope,
     Verdict,
     aggregate_sql,
     in_window,
@@ -37,7 +40,6 @@ from idem_assets.lib.checks import (
 )
 from idem_assets.lib.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.identifiers import quote
-from idem_assets.lib.samples import sample_records
 from idem_assets.lib.settings import (
     DEDUPE_ORDER_BY,
     PARTITION_EXPR,
@@ -49,7 +51,6 @@ from idem_assets.lib.windows import (
     PartitionWindow,
     WriteWindow,
     bound_for,
-    spans_for,
     window_from_keys,
 )
 
@@ -117,7 +118,7 @@ def audit_table(
     """Evaluate ``checks`` on ``table`` in one grouped scan, per partition given a window."""
     if expected_rows is not None:
         checks = [
-            dataclasses.replace(c, expected=expected_rows) if c.kind == "row_count" else c
+            dataclasses.replace(c, expected=expected_rows) if isinstance(c, RowCount) else c
             for c in checks
         ]
     con = duckdb.connect()
@@ -146,7 +147,7 @@ def audit_table(
         else:
             query = f"SELECT 'all', 1, {', '.join(aggs)} FROM {_STAGED}"
             windows = [PartitionWindow("all", *_unbounded())]
-            if any(c.kind == "freshness" for c in checks):
+            if any(isinstance(c, Freshness) for c in checks):
                 raise ConfigurationError(
                     "freshness() is measured against the end of a partition window, and this"
                     " asset is unpartitioned. Use it on a time-partitioned asset."
@@ -164,7 +165,8 @@ def audit_table(
         for i, check in enumerate(checks, start=1):
             per = {k: (v[0], v[i]) for k, v in grouped.items() if k != _OUTSIDE}
             verdict = judge(check, windows, per, outside)
-            if check.kind in ("not_null", "between", "unique") and total:
+            # A duplicate key can span two days: count row failures over the whole batch.
+            if check.unit == "row" and total:
                 failing = int(total[i] or 0)
                 verdict = dataclasses.replace(
                     verdict,
@@ -175,8 +177,14 @@ def audit_table(
             if not verdict.passed:
                 verdict = dataclasses.replace(
                     verdict,
-                    sample=_failing_sample(
-                        con, check, partition_expr, window, verdict.per_partition
+                    sample=check.sample(
+                        SampleScope(
+                            con,
+                            _STAGED,
+                            verdict.per_partition,
+                            partition_expr=partition_expr,
+                            window=window,
+                        )
                     ),
                 )
             verdicts.append(verdict)
@@ -185,46 +193,10 @@ def audit_table(
         con.close()
 
 
-def _column_type(con: duckdb.DuckDBPyConnection, column: str) -> pa.DataType:
-    return con.sql(f"SELECT * FROM {_STAGED} LIMIT 0").to_arrow_table().schema.field(column).type
-
-
 def _unbounded() -> tuple[Any, Any]:
     from datetime import datetime
 
     return datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)
-
-
-def _failing_sample(
-    con: duckdb.DuckDBPyConnection,
-    check: Check,
-    partition_expr: str | None,
-    window: WriteWindow | None,
-    per_partition: dict[str, Any],
-) -> list[dict[str, Any]]:
-    if check.kind == "row_count":
-        # No row is wrong on its own: show the partitions whose count is off.
-        return [
-            {"partition": key, **detail}
-            for key, detail in per_partition.items()
-            if detail["delta"] != 0
-        ][:5]
-    if check.kind == "freshness":
-        # The newest rows the batch has, to compare with the end of the window.
-        col = quote(check.columns[0])
-        return sample_records(
-            con, f"SELECT * FROM {_STAGED} ORDER BY {col} DESC NULLS LAST LIMIT 5"
-        )
-    pred = check.failing_predicate()
-    if pred is not None:
-        return sample_records(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
-    if check.kind == "unique":
-        return sample_records(con, batch_sql.duplicate_key_sample(_STAGED, check.columns))
-    if check.kind == "in_window" and partition_expr and window is not None:
-        spans = spans_for(window, _column_type(con, partition_expr))
-        q, p = batch_sql.stray_rows_sample(_STAGED, partition_expr, spans)
-        return sample_records(con, q, p)
-    return []
 
 
 def check_results(report: AuditReport, asset_key: dg.AssetKey) -> list[dg.AssetCheckResult]:

@@ -18,17 +18,11 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from idem_assets.lib import batch_sql
-from idem_assets.lib.checks import Check, Verdict
-from idem_assets.lib.identifiers import quote
-from idem_assets.lib.samples import sample_records
+from idem_assets.lib.checks import Check, RowCount, SampleScope, Verdict
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for
 
 _STAGED = "staged"
-_DAY = "day_batch"
 _SAMPLE_ROWS = 5
-
-#: Checks whose failures are rows, counted per day by the grouped scan.
-_ROW_KINDS = ("not_null", "between", "unique")
 
 
 @dataclass(frozen=True)
@@ -56,18 +50,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def _failing_in_day(verdict: Verdict, key: str) -> tuple[int, int]:
     """``(failing units of this day, failing units no day of the run can be blamed for)``."""
-    kind = verdict.check.kind
-    if kind == "in_window":
+    unit = verdict.check.unit
+    if unit == "batch":
         return 0, verdict.failing
-    if kind in _ROW_KINDS:
+    if unit == "row":
         own = {k: int(v.get("failing", 0)) for k, v in verdict.per_partition.items()}
         return own.get(key, 0), max(verdict.failing - sum(own.values()), 0)
     return (1 if key in verdict.failed_partitions else 0), 0
 
 
 def _detail(verdict: Verdict, key: str, own: int, unplaced: int) -> str:
-    kind = verdict.check.kind
-    if kind in ("row_count", "freshness"):
+    if verdict.check.unit == "partition":
         entry = ", ".join(f"{k} {v}" for k, v in verdict.per_partition.get(key, {}).items())
         return f"{key}: {'failed' if own else 'passed'} ({entry})"
     text = f"{own} failing row(s)"
@@ -124,36 +117,18 @@ def _day_sample(
     ptype: pa.DataType | None,
 ) -> list[dict[str, Any]]:
     """Failing rows of one day, or ``[]`` where no row of the day is to blame."""
-    check = verdict.check
-    if check.kind == "row_count":
-        return [{"partition": day.key, **verdict.per_partition.get(day.key, {})}]
-    if check.kind == "in_window" or ptype is None:
+    # A row count's sample is the day's counts; any other sample needs the day's rows.
+    if ptype is None and not isinstance(verdict.check, RowCount):
         return []
-    in_day, params = batch_sql.window_predicate(
-        partition_expr, [(bound_for(day.start, ptype), bound_for(day.end, ptype))]
-    )
-    if check.kind == "freshness":
-        col = quote(check.columns[0])
-        return sample_records(
-            con,
-            f"SELECT * FROM {_STAGED} WHERE {in_day} ORDER BY {col} DESC NULLS LAST"
-            f" LIMIT {_SAMPLE_ROWS}",
-            params,
+    in_day, params = "TRUE", []
+    if ptype is not None:
+        in_day, params = batch_sql.window_predicate(
+            partition_expr, [(bound_for(day.start, ptype), bound_for(day.end, ptype))]
         )
-    pred = check.failing_predicate()
-    if pred is not None:
-        query = f"SELECT * FROM {_STAGED} WHERE {in_day} AND ({pred}) LIMIT {_SAMPLE_ROWS}"
-        return sample_records(con, query, params)
-    if check.kind == "unique":
-        day_rows = con.sql(
-            f"SELECT * FROM {_STAGED} WHERE {in_day}", params=params
-        ).to_arrow_table()
-        con.register(_DAY, day_rows)
-        try:
-            return sample_records(con, batch_sql.duplicate_key_sample(_DAY, check.columns))
-        finally:
-            con.unregister(_DAY)
-    return []
+    scope = SampleScope(
+        con, _STAGED, verdict.per_partition, day.key, in_day, params, limit=_SAMPLE_ROWS
+    )
+    return verdict.check.sample(scope)
 
 
 def judged_text(published: bool, run_failed_days: Sequence[str]) -> str:
