@@ -10,6 +10,7 @@ from idem_assets.lib.checks import (
     row_count,
     unique,
 )
+from idem_assets.lib.connections import duckdb_connection
 from idem_assets.lib.data_versions import content_changed, record_data_version
 from idem_assets.lib.errors import (
     BlockingCheckError,
@@ -69,6 +70,7 @@ __all__ = [
     "between",
     "content_changed",
     "content_fingerprint",
+    "duckdb_connection",
     "freshness",
     "idempotency_key",
     "in_window",

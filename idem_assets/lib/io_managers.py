@@ -8,19 +8,17 @@ IO managers only say how to open its backend.
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from pathlib import Path
 from typing import Any, ClassVar
 
 import dagster as dg
-import duckdb
 import pandas as pd
 import pyarrow as pa
-from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from idem_assets.lib.backends.duckdb import DuckDBBackend
 from idem_assets.lib.backends.protocol import Backend
 from idem_assets.lib.batches import to_arrow
+from idem_assets.lib.connections import duckdb_connection
 from idem_assets.lib.data_versions import record_data_version
 from idem_assets.lib.errors import MissingUpstreamError
 from idem_assets.lib.publish import PartitionResult, PublishResult, publish
@@ -224,28 +222,11 @@ class _DuckDBIOManager(IdempotentIOManager):
 
     @contextmanager
     def _backend(self) -> Iterator[DuckDBBackend]:
-        with connect(self.database, self.connection_config) as conn:
+        with duckdb_connection(self.database, self.connection_config) as conn:
             yield DuckDBBackend(conn)
 
     def _location(self) -> str:
         return self.database
-
-
-@contextmanager
-def connect(
-    database: str, connection_config: dict[str, Any] | None = None
-) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB connection that waits for the writer lock and is closed on every path."""
-    # DuckDBResource retries while another process holds the file's writer lock; its own
-    # context manager skips close() when the body raises, so close here on every path.
-    if database != ":memory:" and not database.startswith("md:"):
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
-    resource = DuckDBResource(database=database, connection_config=connection_config or {})
-    with resource.get_connection() as conn:
-        try:
-            yield conn
-        finally:
-            conn.close()
 
 
 class DuckDBOverwriteIOManager(_DuckDBIOManager):
