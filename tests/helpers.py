@@ -36,3 +36,11 @@ def window(
 ) -> ia.WriteWindow:
     """The write window of partition ``keys`` (daily from 2026-01-01 unless told)."""
     return ia.window_from_keys(partitions, list(keys), asset)
+
+
+def range_tags(first: str, last: str) -> dict[str, str]:
+    """Run tags that make one run materialize partitions ``first`` to ``last`` (a chunk)."""
+    return {
+        "dagster/asset_partition_range_start": first,
+        "dagster/asset_partition_range_end": last,
+    }

@@ -16,7 +16,7 @@ import pytest
 import idem_assets as ia
 from idem_assets.worked_example import DAYS, day_batch
 from tests.conformance.conftest import Store
-from tests.helpers import DAILY, NOW, settings, window
+from tests.helpers import DAILY, NOW, range_tags, settings, window
 
 EVENTS: dict[str, Any] = {"partition_expr": "event_at", "primary_key": ["event_id"]}
 ALL_DAYS = [d.isoformat() for d in DAYS]
@@ -79,10 +79,7 @@ def materialize(
     """One run: one partition, a range of partitions, or an unpartitioned asset."""
     tags = {}
     if first_last:
-        tags = {
-            "dagster/asset_partition_range_start": first_last[0],
-            "dagster/asset_partition_range_end": first_last[1],
-        }
+        tags = range_tags(first_last[0], first_last[1])
     return dg.materialize(
         list(assets),
         resources=store.resources(),

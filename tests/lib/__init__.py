@@ -11,7 +11,7 @@ import pandas as pd
 
 import idem_assets as ia
 from idem_assets.lib.batches import to_arrow
-from tests.helpers import DAILY, NOW, TRIPS_METADATA, settings, window
+from tests.helpers import DAILY, NOW, TRIPS_METADATA, range_tags, settings, window
 
 __all__ = ["DAILY", "NOW", "TRIPS_METADATA", "settings", "window"]
 
@@ -90,10 +90,7 @@ def run(
     """Materialize ``assets`` for one partition, a partition range (one run), or unpartitioned."""
     tags = {}
     if partition_range is not None:
-        tags = {
-            "dagster/asset_partition_range_start": partition_range[0],
-            "dagster/asset_partition_range_end": partition_range[1],
-        }
+        tags = range_tags(partition_range[0], partition_range[1])
     return dg.materialize(
         list(assets),
         resources=resources(db),
