@@ -115,7 +115,7 @@ def _publish_in_transaction(
     evaluator = backend.evaluator()
     found = guards.profile(evaluator, scope)
     if found.outside:
-        backend.refuse_rounded_out(scope, batch, found.rows)
+        backend.refuse_rounded_out(scope, found.rows)
     guards.refuse_unsafe_rows(evaluator, scope, found)
     check_runtime_values(batch, settings, window, now)
     existing = backend.count_window(scope)

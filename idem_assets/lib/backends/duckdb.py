@@ -202,7 +202,7 @@ class DuckDBBackend:
         )
         return Staged(relation=source, settings=spelt_settings, partition_type=ptype)
 
-    def refuse_rounded_out(self, scope: Scope, batch: pa.Table, rows: int) -> None:
+    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
         """Refuse rows inside the window as sent but outside it once stored."""
         window = scope.window
         if window is None or scope.pcol is None:

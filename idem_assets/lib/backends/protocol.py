@@ -93,7 +93,7 @@ class Backend(Protocol):
         """Cast the batch to the stored names and types (the engine's rounding), or refuse it."""
         ...
 
-    def refuse_rounded_out(self, scope: Scope, batch: pa.Table, rows: int) -> None:
+    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
         """Refuse rows the stored precision moves out of the window (called on stray rows)."""
         ...
 
