@@ -20,7 +20,7 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m idem_assets.demo
 
-test: $(STAMP) browser-deps
+test: $(STAMP) browser-deps postgres-deps
 	bash scripts/run_tests.sh
 
 # The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples.
@@ -30,6 +30,11 @@ test-full: $(STAMP)
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
 browser-deps:
 	bash scripts/install_browser.sh
+
+# Debian's PostgreSQL server binaries for the tests that start a throwaway cluster (docs/postgres.md).
+.PHONY: postgres-deps
+postgres-deps:
+	bash scripts/install_postgres.sh
 
 # A landing file for every day of the partitions, and for today, whose file the next schedule
 # tick loads; a day that already has one (such as `make demo`'s correction) keeps it.

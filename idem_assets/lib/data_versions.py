@@ -10,6 +10,8 @@ What Dagster can express: a step's output carries one data version, stamped on e
 materializes. A one-day run's version is that day's fingerprint. A range run (a chunk of a
 backfill) stamps the fingerprint of its whole window on each of its days: an identical rerun of
 the same range keeps it; a change to any day of the range changes it for every day of the range.
+An asset that reads its own earlier days keeps Dagster's run-based version (see
+:func:`record_data_version`).
 """
 
 import dagster as dg
@@ -22,7 +24,14 @@ def record_data_version(context: dg.OutputContext, fingerprint: str) -> None:
     after. Dagster builds the materialization events right after ``handle_output`` returns, from
     the step's cached data version when one is set, and marks it user-provided.
     """
-    context.step_context.set_data_version(context.asset_key, dg.DataVersion(fingerprint))
+    step, key = context.step_context, context.asset_key
+    if key in step.job_def.asset_layer.get(key).parent_keys:
+        # An asset that reads its own earlier days is its own input. After the output, Dagster
+        # reads that input's latest version for provenance and warns on every run whose cached
+        # version differs from it ("Data version mismatch"), i.e. on every change. Such an asset
+        # keeps Dagster's run-based version: a rerun marks its downstream stale.
+        return
+    step.set_data_version(key, dg.DataVersion(fingerprint))
 
 
 def content_changed() -> dg.AutomationCondition:

@@ -129,9 +129,11 @@ def chromium_executable() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+# Package scope: Playwright's sync API keeps an event loop running until it stops, and Dagster
+# code in later test packages calls asyncio.run(), which refuses to run inside a running loop.
+@pytest.fixture(scope="package")
 def browser(chromium_executable: Path) -> Iterator[Browser]:
-    """One headless Chromium for the session, closed even when a test fails."""
+    """One headless Chromium for the browser tests, closed even when a test fails."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=str(chromium_executable), args=CHROMIUM_ARGS

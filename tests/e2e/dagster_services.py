@@ -398,6 +398,9 @@ class DagsterServices:
     startup_timeout_s: float = 120.0
     shutdown_grace_s: float = 10.0
     port: int = 0
+    # The production shape: a `dagster code-server start` on this port serves `module`, and the
+    # daemon and webserver load `workspace` (which must point at the port) over gRPC.
+    code_server_port: int | None = None
     _services: list[_Service] = field(default_factory=list, init=False, repr=False)
     _token: str = field(default_factory=lambda: uuid.uuid4().hex, init=False, repr=False)
     # Kept after stop() so leftover_processes() can still prove the groups are empty.
@@ -431,6 +434,11 @@ class DagsterServices:
         """Where the webserver's stdout and stderr go."""
         return self.dagster_home / "webserver.log"
 
+    @property
+    def code_server_log(self) -> Path:
+        """Where the gRPC code server's stdout and stderr go."""
+        return self.dagster_home / "code_server.log"
+
     def process_env(self) -> dict[str, str]:
         """Return the environment the services run with, for CLI commands that must match it."""
         env = dict(os.environ)
@@ -462,7 +470,10 @@ class DagsterServices:
         (self.dagster_home / "dagster.yaml").write_text(self.dagster_yaml)
         if not self.port:
             self.port = _free_port()
-        if (self.workspace is None) == (self.module is None):
+        if self.code_server_port is not None:
+            if self.workspace is None or self.module is None:
+                raise ValueError("A code server needs module= to serve and workspace= to load it")
+        elif (self.workspace is None) == (self.module is None):
             raise ValueError("Give DagsterServices exactly one of workspace= and module=")
         if self.workspace is not None:
             target = ["-w", str(self.workspace)]
@@ -492,6 +503,9 @@ class DagsterServices:
         # Registered before anything starts so an interpreter exit mid-startup still cleans up.
         atexit.register(self.stop)
         try:
+            if self.code_server_port is not None:
+                module_target = ["-m", str(self.module), "-d", str(self.working_directory)]
+                self._start_code_server(module_target, deadline)
             self._spawn("daemon", daemon_cmd, self.daemon_log)
             self._spawn("webserver", webserver_cmd, self.webserver_log)
             self._wait_until_ready(deadline)
@@ -538,11 +552,11 @@ class DagsterServices:
         return found
 
     def log_tails(self) -> str:
-        """Return the tail of both service logs, for error messages."""
-        return (
-            f"--- {self.daemon_log} ---\n{_tail(self.daemon_log)}\n"
-            f"--- {self.webserver_log} ---\n{_tail(self.webserver_log)}"
-        )
+        """Return the tail of every service log, for error messages."""
+        logs = [self.daemon_log, self.webserver_log]
+        if self.code_server_port is not None:
+            logs.append(self.code_server_log)
+        return "\n".join(f"--- {log} ---\n{_tail(log)}" for log in logs)
 
     def run_cli(
         self, args: Sequence[str], *, timeout_s: float = 120.0
@@ -622,6 +636,35 @@ class DagsterServices:
             raise ServicesError(
                 f"`dagster instance migrate` exited {returncode}\n{_tail(log_path)}"
             )
+
+    def _start_code_server(self, module_target: Sequence[str], deadline: float) -> None:
+        """Start the gRPC code server and wait until it answers a health check.
+
+        The webserver records a location it cannot reach at startup as a load error, so the
+        server must answer before the webserver and daemon start.
+        """
+        port = str(self.code_server_port)
+        command = [str(VENV_BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p"]
+        self._spawn("code-server", [*command, port, *module_target], self.code_server_log)
+        health = [
+            str(VENV_BIN / "dagster"),
+            "api",
+            "grpc-health-check",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            port,
+        ]
+        while time.monotonic() < deadline:
+            if self._services[-1].process.poll() is not None:
+                raise ServicesError(f"The code server exited during startup\n{self.log_tails()}")
+            check = subprocess.run(
+                health, env=self.process_env(), capture_output=True, timeout=30, check=False
+            )
+            if check.returncode == 0:
+                return
+            time.sleep(0.5)
+        raise ServicesError(f"The code server never became healthy\n{self.log_tails()}")
 
     def _spawn(self, name: str, command: list[str], log_path: Path) -> None:
         log_file = log_path.open("ab")
