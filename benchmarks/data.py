@@ -8,8 +8,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from idem_assets.lib.settings import WriteMode, WriteSettings, resolve_settings
-from idem_assets.lib.windows import WriteWindow, window_from_keys
+from idem_assets.lib.settings import WriteMode, WriteSettings
+from idem_assets.lib.windows import WriteWindow
+from tests import helpers
 
 FIRST_DAY = date(2025, 1, 1)
 DAILY = dg.DailyPartitionsDefinition(start_date=FIRST_DAY.isoformat())
@@ -58,20 +59,13 @@ def trips(day: int, rows: int, *, first_id: int = 0, seed: int = 0) -> pa.Table:
 
 def settings(mode: WriteMode = "overwrite", **metadata: object) -> WriteSettings:
     """Write settings of the ``trips`` asset, as the IO managers resolve them."""
-    md: dict[str, object] = {"partition_expr": PARTITION_COLUMN, "primary_key": [KEY]}
-    md.update(metadata)
-    return resolve_settings(
-        asset_key=dg.AssetKey(TABLE),
-        metadata=md,
-        mode=mode,
-        default_schema="main",
-        partitioned=True,
-    )
+    md = {"partition_expr": PARTITION_COLUMN, "primary_key": [KEY], **metadata}
+    return helpers.settings(mode, md, table=TABLE)
 
 
 def window(days: Sequence[int]) -> WriteWindow:
     """The write window of the given day numbers."""
-    return window_from_keys(DAILY, [partition_key(d) for d in days], TABLE)
+    return helpers.window(*(partition_key(d) for d in days), partitions=DAILY, asset=TABLE)
 
 
 def raw_overwrite(

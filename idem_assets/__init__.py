@@ -10,8 +10,8 @@ from idem_assets.lib.checks import (
     row_count,
     unique,
 )
+from idem_assets.lib.connections import duckdb_connection
 from idem_assets.lib.data_versions import content_changed, record_data_version
-from idem_assets.lib.duckdb_publish import PublishResult, publish, table_fingerprint
 from idem_assets.lib.errors import (
     BlockingCheckError,
     ConfigurationError,
@@ -35,6 +35,7 @@ from idem_assets.lib.outbox import (
     content_fingerprint,
     idempotency_key,
 )
+from idem_assets.lib.publish import PublishResult, publish, table_fingerprint
 from idem_assets.lib.settings import WriteSettings, resolve_settings
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, window_from_keys
 
@@ -69,6 +70,7 @@ __all__ = [
     "between",
     "content_changed",
     "content_fingerprint",
+    "duckdb_connection",
     "freshness",
     "idempotency_key",
     "in_window",

@@ -13,20 +13,25 @@ from datetime import date
 from pathlib import Path
 
 import dagster as dg
-import duckdb
 
+import idem_assets as ia
 from idem_assets import landing
+from idem_assets.defs.daily_zone_revenue import daily_zone_revenue
+from idem_assets.defs.raw_trips import raw_trips
+from idem_assets.defs.reconciliation import rows_per_day
 from idem_assets.defs.resources import REPO_ROOT, warehouse_path
+from idem_assets.defs.revenue_running_total import revenue_running_total
+from idem_assets.defs.trips import trips
 from idem_assets.worked_example import render_table, run_worked_example
 
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
 IN_PROCESS = '{"execution": {"config": {"in_process": {}}}}'
-TABLES = ["raw_trips", "trips", "daily_zone_revenue", "revenue_running_total"]
+#: The warehouse's tables in the order the demo prints them, each its asset's own.
+ASSETS = (raw_trips, trips, daily_zone_revenue, revenue_running_total)
+TABLES = [a.key.to_user_string() for a in ASSETS]
+#: Each table's partition column, as its asset's ``partition_expr`` metadata declares it.
 PARTITION_COLUMN = {
-    "raw_trips": "pickup_at",
-    "trips": "pickup_at",
-    "daily_zone_revenue": "day",
-    "revenue_running_total": "day",
+    a.key.to_user_string(): a.metadata_by_key[a.key]["partition_expr"] for a in ASSETS
 }
 
 
@@ -58,23 +63,14 @@ def launch(day: str) -> bool:
 
 def rows_per_partition(database: str) -> dict[tuple[str, str], int]:
     """Rows per (table, day) in the warehouse, read without taking the writer lock."""
-    counts: dict[tuple[str, str], int] = {}
     if not Path(database).exists():
-        return counts
-    con = duckdb.connect(database, read_only=True)
-    try:
-        existing = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-        for table in TABLES:
-            if table not in existing:
-                continue
-            col = PARTITION_COLUMN[table]
-            for day, n in con.execute(
-                f'SELECT CAST("{col}" AS DATE)::VARCHAR, count(*) FROM "{table}" GROUP BY 1'
-            ).fetchall():
-                counts[(table, day)] = n
-    finally:
-        con.close()
-    return counts
+        return {}
+    with ia.duckdb_connection(database, {"access_mode": "READ_ONLY"}) as con:
+        return {
+            (table, day): n
+            for table in TABLES
+            for day, n in rows_per_day(con, "main", table, PARTITION_COLUMN[table]).items()
+        }
 
 
 def print_counts(title: str, snapshots: Sequence[tuple[str, dict[tuple[str, str], int]]]) -> None:

@@ -33,9 +33,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_assets.lib.duckdb_publish import PUBLISH_STAGES, STAGE_HOOK
-from idem_assets.lib.errors import ConfigurationError, format_sample
+from idem_assets.lib.errors import ConfigurationError
 from idem_assets.lib.outbox import DeliveryRecord, Outbox, content_fingerprint
+from idem_assets.lib.publish import PUBLISH_STAGES, STAGE_HOOK
+from idem_assets.lib.samples import format_sample
 from idem_assets.lib.windows import bound_for
 
 Property = Literal["rerun", "chunking", "input_order", "clock", "crash"]
@@ -693,18 +694,11 @@ def _per_partition(
     ):
         return {(name, f"{keys[0]}...{keys[-1]}"): table}
     values = table.column(column)
-    kind = (
-        "DATE"
-        if pa.types.is_date(values.type)
-        else "TIMESTAMPTZ"
-        if getattr(values.type, "tz", None)
-        else "TIMESTAMP"
-    )
     split: Snapshot = {}
     for key in keys:
         window = pdef.time_window_for_partition_key(str(key))
-        lo = pa.scalar(bound_for(window.start, kind), values.type)
-        hi = pa.scalar(bound_for(window.end, kind), values.type)
+        lo = pa.scalar(bound_for(window.start, values.type), values.type)
+        hi = pa.scalar(bound_for(window.end, values.type), values.type)
         split[(name, key)] = table.filter((pc.field(column) >= lo) & (pc.field(column) < hi))
     return split
 

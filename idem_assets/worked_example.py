@@ -11,7 +11,7 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 
-from idem_assets.lib.duckdb_publish import publish
+from idem_assets.lib.publish import publish
 from idem_assets.lib.settings import WriteMode, resolve_settings
 from idem_assets.lib.windows import window_from_keys
 

@@ -31,8 +31,8 @@ from idem_assets.testing import (
     assert_rerun_idempotent,
     assert_rerun_safe,
 )
+from tests.helpers import DAILY
 
-DAILY = dg.DailyPartitionsDefinition(start_date="2026-01-01")
 DAY = "2026-01-02"
 RANGE = ("2026-01-01", "2026-01-02")
 ORDERS_MD = {"partition_expr": "ordered_at"}

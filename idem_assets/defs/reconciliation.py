@@ -12,7 +12,6 @@ from typing import Literal
 
 import dagster as dg
 import duckdb
-from dagster_duckdb import DuckDBResource
 
 import idem_assets as ia
 from idem_assets.defs.daily_zone_revenue import daily_zone_revenue
@@ -176,19 +175,11 @@ def rows_reconcile_with_manifests(
     assert settings.partition_expr is not None
     actual: dict[str, int] = {}
     if Path(overwrite_io_manager.database).exists():
-        # Read-only, with DuckDBResource's retries while a writer holds the file.
-        reader = DuckDBResource(
-            database=overwrite_io_manager.database,
-            connection_config={"access_mode": "READ_ONLY"},
-        )
-        with reader.get_connection() as conn:
-            # get_connection skips its close() when the body raises.
-            try:
-                actual = rows_per_day(
-                    conn, settings.schema, settings.table, settings.partition_expr
-                )
-            finally:
-                conn.close()
+        # Read-only, with retries while a writer holds the file.
+        with ia.duckdb_connection(
+            overwrite_io_manager.database, {"access_mode": "READ_ONLY"}
+        ) as conn:
+            actual = rows_per_day(conn, settings.schema, settings.table, settings.partition_expr)
     materialized = context.instance.get_materialized_partitions(raw_trips.key)
     result = reconcile(actual, manifest_counts(landing.path), materialized)
     context.log.info(

@@ -20,22 +20,24 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from idem_assets.lib import sql
+from idem_assets.lib import batch_sql
+from idem_assets.lib.batches import to_arrow
 from idem_assets.lib.check_reports import (
     day_evaluations,
     markdown,
     run_materializations,
-    sample_rows,
     split_by_partition,
 )
 from idem_assets.lib.checks import (
     Check,
+    Freshness,
+    RowCount,
+    SampleScope,
     Verdict,
     aggregate_sql,
     in_window,
     judge,
 )
-from idem_assets.lib.duckdb_publish import column_types, to_arrow
 from idem_assets.lib.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.identifiers import quote
 from idem_assets.lib.settings import (
@@ -45,7 +47,12 @@ from idem_assets.lib.settings import (
     _raw,
     partition_column,
 )
-from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for, window_from_keys
+from idem_assets.lib.windows import (
+    PartitionWindow,
+    WriteWindow,
+    bound_for,
+    window_from_keys,
+)
 
 # The audit's own relations and columns sit next to the user's columns in one query. Each name
 # holds a space, which validate_identifier refuses, so no user table or column can take it.
@@ -95,7 +102,7 @@ def stage(
     try:
         con.register(_STAGED_NAME, table)
         return con.sql(
-            sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
+            batch_sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
         ).to_arrow_table()
     finally:
         con.close()
@@ -111,7 +118,7 @@ def audit_table(
     """Evaluate ``checks`` on ``table`` in one grouped scan, per partition given a window."""
     if expected_rows is not None:
         checks = [
-            dataclasses.replace(c, expected=expected_rows) if c.kind == "row_count" else c
+            dataclasses.replace(c, expected=expected_rows) if isinstance(c, RowCount) else c
             for c in checks
         ]
     con = duckdb.connect()
@@ -119,7 +126,7 @@ def audit_table(
         con.register(_STAGED_NAME, table)
         aggs = aggregate_sql(checks)
         if window is not None and partition_expr:
-            ptype = column_types(con, _STAGED)[partition_expr]
+            ptype = table.schema.field(partition_expr).type
             wt = pa.table(
                 {
                     _KEY_NAME: [w.key for w in window.partitions],
@@ -140,7 +147,7 @@ def audit_table(
         else:
             query = f"SELECT 'all', 1, {', '.join(aggs)} FROM {_STAGED}"
             windows = [PartitionWindow("all", *_unbounded())]
-            if any(c.kind == "freshness" for c in checks):
+            if any(isinstance(c, Freshness) for c in checks):
                 raise ConfigurationError(
                     "freshness() is measured against the end of a partition window, and this"
                     " asset is unpartitioned. Use it on a time-partitioned asset."
@@ -158,7 +165,8 @@ def audit_table(
         for i, check in enumerate(checks, start=1):
             per = {k: (v[0], v[i]) for k, v in grouped.items() if k != _OUTSIDE}
             verdict = judge(check, windows, per, outside)
-            if check.kind in ("not_null", "between", "unique") and total:
+            # A duplicate key can span two days: count row failures over the whole batch.
+            if check.unit == "row" and total:
                 failing = int(total[i] or 0)
                 verdict = dataclasses.replace(
                     verdict,
@@ -169,8 +177,14 @@ def audit_table(
             if not verdict.passed:
                 verdict = dataclasses.replace(
                     verdict,
-                    sample=_failing_sample(
-                        con, check, partition_expr, window, verdict.per_partition
+                    sample=check.sample(
+                        SampleScope(
+                            con,
+                            _STAGED,
+                            verdict.per_partition,
+                            partition_expr=partition_expr,
+                            window=window,
+                        )
                     ),
                 )
             verdicts.append(verdict)
@@ -183,37 +197,6 @@ def _unbounded() -> tuple[Any, Any]:
     from datetime import datetime
 
     return datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)
-
-
-def _failing_sample(
-    con: duckdb.DuckDBPyConnection,
-    check: Check,
-    partition_expr: str | None,
-    window: WriteWindow | None,
-    per_partition: dict[str, Any],
-) -> list[dict[str, Any]]:
-    if check.kind == "row_count":
-        # No row is wrong on its own: show the partitions whose count is off.
-        return [
-            {"partition": key, **detail}
-            for key, detail in per_partition.items()
-            if detail["delta"] != 0
-        ][:5]
-    if check.kind == "freshness":
-        # The newest rows the batch has, to compare with the end of the window.
-        col = quote(check.columns[0])
-        return sample_rows(con, f"SELECT * FROM {_STAGED} ORDER BY {col} DESC NULLS LAST LIMIT 5")
-    pred = check.failing_predicate()
-    if pred is not None:
-        return sample_rows(con, f"SELECT * FROM {_STAGED} WHERE {pred} LIMIT 5")
-    if check.kind == "unique":
-        return sample_rows(con, sql.duplicate_key_sample(_STAGED, check.columns))
-    if check.kind == "in_window" and partition_expr and window is not None:
-        ptype = column_types(con, _STAGED)[partition_expr]
-        spans = [(bound_for(s, ptype), bound_for(e, ptype)) for s, e in window.spans()]
-        q, p = sql.stray_rows_sample(_STAGED, partition_expr, spans)
-        return sample_rows(con, q, p)
-    return []
 
 
 def check_results(report: AuditReport, asset_key: dg.AssetKey) -> list[dg.AssetCheckResult]:

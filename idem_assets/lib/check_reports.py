@@ -17,18 +17,12 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
-from idem_assets.lib import sql
-from idem_assets.lib.checks import Check, Verdict
-from idem_assets.lib.duckdb_publish import column_types
-from idem_assets.lib.identifiers import quote
+from idem_assets.lib import batch_sql
+from idem_assets.lib.checks import Check, RowCount, SampleScope, Verdict
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, bound_for
 
 _STAGED = "staged"
-_DAY = "day_batch"
 _SAMPLE_ROWS = 5
-
-#: Checks whose failures are rows, counted per day by the grouped scan.
-_ROW_KINDS = ("not_null", "between", "unique")
 
 
 @dataclass(frozen=True)
@@ -44,21 +38,6 @@ class DayVerdict:
     sample: list[dict[str, Any]]
 
 
-def sample_rows(
-    con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()
-) -> list[dict[str, Any]]:
-    """Rows of ``query`` as plain dicts, non-scalar values as text (for UI metadata)."""
-    cur = con.execute(query, list(params))
-    cols = [d[0] for d in cur.description or []]
-    return [
-        {
-            c: (v if isinstance(v, int | float | str | bool) or v is None else str(v))
-            for c, v in zip(cols, r, strict=True)
-        }
-        for r in cur.fetchall()
-    ]
-
-
 def markdown(rows: list[dict[str, Any]]) -> str:
     """A markdown table of ``rows``, as the UI renders it."""
     if not rows:
@@ -71,18 +50,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def _failing_in_day(verdict: Verdict, key: str) -> tuple[int, int]:
     """``(failing units of this day, failing units no day of the run can be blamed for)``."""
-    kind = verdict.check.kind
-    if kind == "in_window":
+    unit = verdict.check.unit
+    if unit == "batch":
         return 0, verdict.failing
-    if kind in _ROW_KINDS:
+    if unit == "row":
         own = {k: int(v.get("failing", 0)) for k, v in verdict.per_partition.items()}
         return own.get(key, 0), max(verdict.failing - sum(own.values()), 0)
     return (1 if key in verdict.failed_partitions else 0), 0
 
 
 def _detail(verdict: Verdict, key: str, own: int, unplaced: int) -> str:
-    kind = verdict.check.kind
-    if kind in ("row_count", "freshness"):
+    if verdict.check.unit == "partition":
         entry = ", ".join(f"{k} {v}" for k, v in verdict.per_partition.get(key, {}).items())
         return f"{key}: {'failed' if own else 'passed'} ({entry})"
     text = f"{own} failing row(s)"
@@ -105,7 +83,8 @@ def split_by_partition(
     con = duckdb.connect()
     try:
         con.register(_STAGED, report_table)
-        ptype = column_types(con, _STAGED).get(partition_expr)
+        names = report_table.schema.names
+        ptype = report_table.schema.field(partition_expr).type if partition_expr in names else None
         days = []
         for verdict in verdicts:
             for w in window.partitions:
@@ -135,39 +114,21 @@ def _day_sample(
     verdict: Verdict,
     day: PartitionWindow,
     partition_expr: str,
-    ptype: str | None,
+    ptype: pa.DataType | None,
 ) -> list[dict[str, Any]]:
     """Failing rows of one day, or ``[]`` where no row of the day is to blame."""
-    check = verdict.check
-    if check.kind == "row_count":
-        return [{"partition": day.key, **verdict.per_partition.get(day.key, {})}]
-    if check.kind == "in_window" or ptype is None:
+    # A row count's sample is the day's counts; any other sample needs the day's rows.
+    if ptype is None and not isinstance(verdict.check, RowCount):
         return []
-    in_day, params = sql.window_predicate(
-        partition_expr, [(bound_for(day.start, ptype), bound_for(day.end, ptype))]
-    )
-    if check.kind == "freshness":
-        col = quote(check.columns[0])
-        return sample_rows(
-            con,
-            f"SELECT * FROM {_STAGED} WHERE {in_day} ORDER BY {col} DESC NULLS LAST"
-            f" LIMIT {_SAMPLE_ROWS}",
-            params,
+    in_day, params = "TRUE", []
+    if ptype is not None:
+        in_day, params = batch_sql.window_predicate(
+            partition_expr, [(bound_for(day.start, ptype), bound_for(day.end, ptype))]
         )
-    pred = check.failing_predicate()
-    if pred is not None:
-        query = f"SELECT * FROM {_STAGED} WHERE {in_day} AND ({pred}) LIMIT {_SAMPLE_ROWS}"
-        return sample_rows(con, query, params)
-    if check.kind == "unique":
-        day_rows = con.sql(
-            f"SELECT * FROM {_STAGED} WHERE {in_day}", params=params
-        ).to_arrow_table()
-        con.register(_DAY, day_rows)
-        try:
-            return sample_rows(con, sql.duplicate_key_sample(_DAY, check.columns))
-        finally:
-            con.unregister(_DAY)
-    return []
+    scope = SampleScope(
+        con, _STAGED, verdict.per_partition, day.key, in_day, params, limit=_SAMPLE_ROWS
+    )
+    return verdict.check.sample(scope)
 
 
 def judged_text(published: bool, run_failed_days: Sequence[str]) -> str:

@@ -9,12 +9,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import dagster as dg
+import duckdb
 
+from idem_assets.lib import batch_sql
 from idem_assets.lib.identifiers import quote, validate_identifier
-from idem_assets.lib.windows import PartitionWindow
+from idem_assets.lib.samples import sample_records
+from idem_assets.lib.windows import PartitionWindow, WriteWindow, spans_for
 
 #: Expected rows for a partition key (e.g. read from the file's manifest).
 ExpectedRows = int | Mapping[str, int] | Callable[[str], int]
@@ -23,19 +26,56 @@ ExpectedRows = int | Mapping[str, int] | Callable[[str], int]
 IN_WINDOW_CHECK = "in_window"
 
 
+#: What a check's failing count counts: rows of one day, whole partitions, or rows of the batch
+#: that belong to no day of the window.
+Unit = Literal["row", "partition", "batch"]
+
+
+@dataclass(frozen=True)
+class SampleScope:
+    """Where to look for a failing check's sample rows: the staged relation, maybe one day."""
+
+    con: duckdb.DuckDBPyConnection
+    relation: str
+    per_partition: Mapping[str, Any]
+    #: The day whose rows are shown, with its predicate and parameters; ``None``: the batch.
+    day: str | None = None
+    in_day: str = "TRUE"
+    params: Sequence[Any] = ()
+    partition_expr: str | None = None
+    window: WriteWindow | None = None
+    limit: int = 5
+
+    def rows(self, condition: str = "TRUE", order_by: str = "") -> list[dict[str, Any]]:
+        """Rows of the scope meeting ``condition``, in ``order_by`` order."""
+        order = f" ORDER BY {order_by}" if order_by else ""
+        return sample_records(
+            self.con,
+            f"SELECT * FROM {self.relation} WHERE {self.in_day} AND ({condition}){order}"
+            f" LIMIT {int(self.limit)}",
+            self.params,
+        )
+
+
 @dataclass(frozen=True)
 class Check:
-    """One data-quality rule. Build them with the functions below, not directly."""
+    """One data-quality rule. Build them with the functions below, not directly.
+
+    Each kind of check is a subclass saying what it aggregates per partition, how it judges a
+    partition from that aggregate, and which rows it shows when it fails.
+    """
 
     name: str
     description: str
-    kind: str
     columns: tuple[str, ...] = ()
     low: float | None = None
     high: float | None = None
     max_lag: timedelta | None = None
     expected: ExpectedRows | None = field(default=None, compare=False)
     blocking: bool = True
+
+    kind: ClassVar[str] = ""
+    unit: ClassVar[Unit] = "row"
 
     def spec(
         self, asset_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition | None = None
@@ -60,14 +100,155 @@ class Check:
 
     def failing_predicate(self) -> str | None:
         """SQL predicate selecting a failing row, where a row can fail on its own."""
-        c = [quote(x) for x in self.columns]
-        if self.kind == "not_null":
-            return " OR ".join(f"{x} IS NULL" for x in c)
-        if self.kind == "between":
-            # NaN sorts above every number in DuckDB, so NaN and infinities fail the range too.
-            low, high = _double(self.low), _double(self.high)
-            return f"({c[0]} < {low} OR {c[0]} > {high} OR isnan({c[0]}::DOUBLE))"
         return None
+
+    def aggregate(self) -> str:
+        """The SQL aggregate this check needs per partition group."""
+        pred = self.failing_predicate()
+        return f"count(*) FILTER (WHERE {pred})" if pred else "NULL"
+
+    def judge_partition(
+        self, window: PartitionWindow, rows: int, value: Any
+    ) -> tuple[bool, dict[str, Any], int]:
+        """``(passed, what was measured, failing units)`` of one partition."""
+        failing = int(value or 0)
+        return failing == 0, {"failing": failing}, failing
+
+    def sample(self, scope: SampleScope) -> list[dict[str, Any]]:
+        """The rows (or partitions) to show when the check fails."""
+        pred = self.failing_predicate()
+        return scope.rows(pred) if pred else []
+
+
+@dataclass(frozen=True)
+class RowCount(Check):
+    """Rows per partition equal the expected count or lie within bounds."""
+
+    kind: ClassVar[str] = "row_count"
+    unit: ClassVar[Unit] = "partition"
+
+    def judge_partition(
+        self, window: PartitionWindow, rows: int, value: Any
+    ) -> tuple[bool, dict[str, Any], int]:
+        """Compare the partition's rows with the declared count or bounds."""
+        exp = expected_for(self, window.key)
+        declared_nothing = exp is None and self.low is None and self.high is None
+        ok = (
+            not declared_nothing
+            and (exp is None or rows == exp)
+            and (self.low is None or rows >= self.low)
+            and (self.high is None or rows <= self.high)
+        )
+        measured = {"rows": rows, "expected": exp, "delta": None if exp is None else rows - exp}
+        return ok, measured, 0 if ok else 1
+
+    def sample(self, scope: SampleScope) -> list[dict[str, Any]]:
+        """No row is wrong on its own: show the partitions whose count is off."""
+        if scope.day is not None:
+            return [{"partition": scope.day, **scope.per_partition.get(scope.day, {})}]
+        return [
+            {"partition": key, **detail}
+            for key, detail in scope.per_partition.items()
+            if detail["delta"] != 0
+        ][: scope.limit]
+
+
+@dataclass(frozen=True)
+class NotNull(Check):
+    """No NULL in any of the columns."""
+
+    kind: ClassVar[str] = "not_null"
+
+    def failing_predicate(self) -> str | None:
+        """Any of the columns is NULL."""
+        return " OR ".join(f"{quote(x)} IS NULL" for x in self.columns)
+
+
+@dataclass(frozen=True)
+class Between(Check):
+    """Every non-NULL value lies in ``[low, high]``."""
+
+    kind: ClassVar[str] = "between"
+
+    def failing_predicate(self) -> str | None:
+        """Below, above, or not a number."""
+        c = quote(self.columns[0])
+        # NaN sorts above every number in DuckDB, so NaN and infinities fail the range too.
+        low, high = _double(self.low), _double(self.high)
+        return f"({c} < {low} OR {c} > {high} OR isnan({c}::DOUBLE))"
+
+
+@dataclass(frozen=True)
+class Unique(Check):
+    """No two rows of the batch share the columns."""
+
+    kind: ClassVar[str] = "unique"
+
+    def aggregate(self) -> str:
+        """Rows beyond the first of each key."""
+        cols = [quote(x) for x in self.columns]
+        expr = cols[0] if len(cols) == 1 else f"row({', '.join(cols)})"
+        return f"count(*) - count(DISTINCT {expr})"
+
+    def sample(self, scope: SampleScope) -> list[dict[str, Any]]:
+        """The rows of the first few repeated keys, within the scope."""
+        source = f"(SELECT * FROM {scope.relation} WHERE {scope.in_day})"
+        # The source appears twice in the statement, so its parameters are bound twice.
+        query = batch_sql.duplicate_key_sample(source, self.columns, scope.limit)
+        return sample_records(scope.con, query, [*scope.params, *scope.params])
+
+
+@dataclass(frozen=True)
+class Freshness(Check):
+    """The newest value of each partition lies within ``max_lag`` of its end."""
+
+    kind: ClassVar[str] = "freshness"
+    unit: ClassVar[Unit] = "partition"
+
+    def aggregate(self) -> str:
+        """The newest value."""
+        return f"max({quote(self.columns[0])})"
+
+    def judge_partition(
+        self, window: PartitionWindow, rows: int, value: Any
+    ) -> tuple[bool, dict[str, Any], int]:
+        """Measure the newest value's lag behind the end of the partition."""
+        assert self.max_lag is not None
+        lag = freshness_lag(window.end, value)
+        ok = lag is not None and lag <= self.max_lag
+        return ok, {"newest": str(value), "lag": str(lag)}, 0 if ok else 1
+
+    def sample(self, scope: SampleScope) -> list[dict[str, Any]]:
+        """The newest rows, to compare with the end of the window."""
+        return scope.rows(order_by=f"{quote(self.columns[0])} DESC NULLS LAST")
+
+
+@dataclass(frozen=True)
+class InWindow(Check):
+    """Every row lies inside the run's window."""
+
+    kind: ClassVar[str] = "in_window"
+    unit: ClassVar[Unit] = "batch"
+
+    def judge_partition(
+        self, window: PartitionWindow, rows: int, value: Any
+    ) -> tuple[bool, dict[str, Any], int]:
+        """A row inside a partition is in the window by definition; strays have no partition."""
+        return True, {"rows": rows}, 0
+
+    def sample(self, scope: SampleScope) -> list[dict[str, Any]]:
+        """Rows outside the window (a day on its own holds none)."""
+        if scope.day is not None or not scope.partition_expr or scope.window is None:
+            return []
+        column_type = (
+            scope.con.sql(f"SELECT * FROM {scope.relation} LIMIT 0")
+            .to_arrow_table()
+            .schema.field(scope.partition_expr)
+            .type
+        )
+        spans = spans_for(scope.window, column_type)
+        q, p = batch_sql.stray_rows_sample(scope.relation, scope.partition_expr, spans)
+        return sample_records(scope.con, q, p)
 
 
 def _num(value: float) -> str:
@@ -108,10 +289,9 @@ def row_count(
         desc = "Rows per partition equal the expected count"
     else:
         desc = f"Rows per partition within [{min_rows}, {max_rows}]"
-    return Check(
+    return RowCount(
         name=name,
         description=desc,
-        kind="row_count",
         low=min_rows,
         high=max_rows,
         expected=expected,
@@ -122,10 +302,9 @@ def row_count(
 def not_null(*columns: str, name: str | None = None, blocking: bool = True) -> Check:
     """No NULL in any of ``columns``."""
     cols = _cols(columns)
-    return Check(
+    return NotNull(
         name=name or _check_name(f"{'_'.join(cols)}_not_null"),
         description=f"No NULL in {', '.join(cols)}",
-        kind="not_null",
         columns=cols,
         blocking=blocking,
     )
@@ -134,10 +313,9 @@ def not_null(*columns: str, name: str | None = None, blocking: bool = True) -> C
 def unique(*columns: str, name: str | None = None, blocking: bool = True) -> Check:
     """No two rows of the batch share ``columns``."""
     cols = _cols(columns)
-    return Check(
+    return Unique(
         name=name or _check_name(f"{'_'.join(cols)}_unique"),
         description=f"No duplicate ({', '.join(cols)}) in the batch",
-        kind="unique",
         columns=cols,
         blocking=blocking,
     )
@@ -148,10 +326,9 @@ def between(
 ) -> Check:
     """Every non-NULL value of ``column`` lies in ``[low, high]``; NaN and infinities fail."""
     (col,) = _cols([column])
-    return Check(
+    return Between(
         name=name or _check_name(f"{col}_between_{_num(low)}_and_{_num(high)}"),
         description=f"{col} between {low:g} and {high:g}",
-        kind="between",
         columns=(col,),
         low=low,
         high=high,
@@ -167,10 +344,9 @@ def freshness(
     On a DATE column a date counts as the end of its day (see :func:`freshness_lag`).
     """
     (col,) = _cols([column])
-    return Check(
+    return Freshness(
         name=name or _check_name(f"{col}_freshness"),
         description=f"Newest {col} within {max_lag} of the end of its partition",
-        kind="freshness",
         columns=(col,),
         max_lag=max_lag,
         blocking=blocking,
@@ -180,10 +356,9 @@ def freshness(
 def in_window(column: str) -> Check:
     """Every row's ``column`` lies inside the run's window (always on for partitioned assets)."""
     (col,) = _cols([column])
-    return Check(
+    return InWindow(
         name=IN_WINDOW_CHECK,
         description=f"Every {col} inside the run's partition window",
-        kind="in_window",
         columns=(col,),
     )
 
@@ -202,20 +377,7 @@ def expected_for(check: Check, key: str) -> int | None:
 
 def aggregate_sql(checks: Sequence[Check]) -> list[str]:
     """The SQL aggregates every check needs, in order; evaluated per partition group."""
-    aggs = ["count(*)"]
-    for c in checks:
-        pred = c.failing_predicate()
-        if pred is not None:
-            aggs.append(f"count(*) FILTER (WHERE {pred})")
-        elif c.kind == "unique":
-            cols = [quote(x) for x in c.columns]
-            expr = cols[0] if len(cols) == 1 else f"row({', '.join(cols)})"
-            aggs.append(f"count(*) - count(DISTINCT {expr})")
-        elif c.kind == "freshness":
-            aggs.append(f"max({quote(c.columns[0])})")
-        else:
-            aggs.append("NULL")
-    return aggs
+    return ["count(*)", *(c.aggregate() for c in checks)]
 
 
 def freshness_lag(end: datetime, newest: date | datetime | None) -> timedelta | None:
@@ -260,43 +422,16 @@ def judge(
     bad_keys: list[str] = []
     for w in windows:
         rows, value = values.get(w.key, (0, None))
-        if check.kind == "row_count":
-            exp = expected_for(check, w.key)
-            declared_nothing = exp is None and check.low is None and check.high is None
-            ok = (
-                not declared_nothing
-                and (exp is None or rows == exp)
-                and (check.low is None or rows >= check.low)
-                and (check.high is None or rows <= check.high)
-            )
-            per[w.key] = {
-                "rows": rows,
-                "expected": exp,
-                "delta": None if exp is None else rows - exp,
-            }
-            failing += 0 if ok else 1
-        elif check.kind == "freshness":
-            assert check.max_lag is not None
-            lag = freshness_lag(w.end, value)
-            ok = lag is not None and lag <= check.max_lag
-            per[w.key] = {"newest": str(value), "lag": str(lag)}
-            failing += 0 if ok else 1
-        elif check.kind == "in_window":
-            ok = True
-            per[w.key] = {"rows": rows}
-        else:
-            ok = not value
-            per[w.key] = {"failing": int(value or 0)}
-            failing += int(value or 0)
+        ok, per[w.key], units = check.judge_partition(w, rows, value)
+        failing += units
         if not ok:
             bad_keys.append(w.key)
-    if check.kind == "in_window":
+    if check.unit == "batch":
         failing = outside_rows
-    passed = failing == 0
-    if check.kind in ("row_count", "freshness"):
+    if check.unit == "partition":
         detail = f"{failing} of {len(windows)} partition(s) failed" + (
             f": {', '.join(bad_keys[:10])}" if bad_keys else ""
         )
     else:
         detail = f"{failing} failing row(s)"
-    return Verdict(check, passed, failing, detail, per, [], tuple(bad_keys))
+    return Verdict(check, failing == 0, failing, detail, per, [], tuple(bad_keys))

@@ -4,9 +4,6 @@ Every error is raised *before* anything is written, so catching one means the ta
 was. Messages name the asset, the partition(s), counts, a few sample rows and the fix.
 """
 
-from collections.abc import Sequence
-from typing import Any
-
 
 class IdempotencyError(Exception):
     """Base class: a write was refused because it would not be safe to rerun."""
@@ -54,17 +51,3 @@ class MissingUpstreamError(IdempotencyError):
 
 class BlockingCheckError(IdempotencyError):
     """A blocking data-quality check failed on the staged batch, so nothing was published."""
-
-
-def _show(value: Any) -> str:
-    # Strings keep their quotes so blanks and padding stay visible; dates read as ISO text.
-    return repr(value) if isinstance(value, str) or value is None else str(value)
-
-
-def format_sample(columns: Sequence[str], rows: Sequence[Sequence[Any]], limit: int = 5) -> str:
-    """Render up to ``limit`` rows as indented ``col=value`` lines for an error message."""
-    lines = []
-    for row in rows[:limit]:
-        pairs = ", ".join(f"{c}={_show(v)}" for c, v in zip(columns, row, strict=False))
-        lines.append(f"    {pairs}")
-    return "\n".join(lines)

@@ -1,46 +1,36 @@
-"""Dagster IO managers that make a rerun replace a partition instead of adding to it."""
+"""Dagster IO managers that make a rerun replace a partition instead of adding to it.
+
+:class:`IdempotentIOManager` is the Dagster plumbing (settings, windows, metadata, the
+missing-upstream check) over any :class:`~idem_assets.lib.backends.protocol.Backend`; an engine's
+IO managers only say how to open its backend.
+"""
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from pathlib import Path
 from typing import Any, ClassVar
 
 import dagster as dg
-import duckdb
 import pandas as pd
 import pyarrow as pa
-from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
-from idem_assets.lib import sql
+from idem_assets.lib.backends.duckdb import DuckDBBackend
+from idem_assets.lib.backends.protocol import Backend
+from idem_assets.lib.batches import to_arrow
+from idem_assets.lib.connections import duckdb_connection
 from idem_assets.lib.data_versions import record_data_version
-from idem_assets.lib.duckdb_publish import (
-    PartitionResult,
-    PublishResult,
-    publish,
-    table_columns,
-    to_arrow,
-)
 from idem_assets.lib.errors import MissingUpstreamError
-from idem_assets.lib.identifiers import qualified, quote
+from idem_assets.lib.publish import PartitionResult, PublishResult, publish
 from idem_assets.lib.settings import WriteMode, WriteSettings, resolve_settings
-from idem_assets.lib.windows import (
-    PartitionWindow,
-    WriteWindow,
-    bound_for,
-    window_from_context,
-)
+from idem_assets.lib.windows import PartitionWindow, WriteWindow, window_from_context
 
 
-class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
-    """Shared plumbing: connections, settings, loading; subclasses choose the write mode."""
+class IdempotentIOManager(dg.ConfigurableIOManager):
+    """Dagster plumbing over a backend; subclasses open it and choose the write mode."""
 
     mode: ClassVar[WriteMode]
 
-    database: str = Field(
-        description="Path of the DuckDB database file (created on first write).",
-    )
     schema_: str | None = Field(
         default=None,
         alias="schema",
@@ -50,23 +40,14 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
             " 'main' holds the tables of keys without one."
         ),
     )
-    connection_config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="DuckDB configuration options passed to duckdb.connect (e.g. memory_limit).",
-    )
 
-    @contextmanager
-    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        # DuckDBResource retries while another process holds the file's writer lock; its own
-        # context manager skips close() when the body raises, so close here on every path.
-        if self.database != ":memory:" and not self.database.startswith("md:"):
-            Path(self.database).parent.mkdir(parents=True, exist_ok=True)
-        resource = DuckDBResource(database=self.database, connection_config=self.connection_config)
-        with resource.get_connection() as conn:
-            try:
-                yield conn
-            finally:
-                conn.close()
+    def _backend(self) -> AbstractContextManager[Backend]:
+        """Open the engine's backend for one write or load, and close it after."""
+        raise NotImplementedError
+
+    def _location(self) -> str:
+        """Where the tables live, for messages (a file, a database URL)."""
+        raise NotImplementedError
 
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
@@ -84,8 +65,8 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
         settings = self._settings(context)
         window = window_from_context(context, settings.asset)
         batch = to_arrow(obj, settings.asset)
-        with self._connect() as conn:
-            result = publish(conn, batch, settings, window)
+        with self._backend() as backend:
+            result = publish(backend, batch, settings, window)
         context.add_output_metadata(publish_metadata(result, settings, window))
         record_data_version(context, result.fingerprint)
         # A range run yields one materialization per partition. Dagster copies the output
@@ -107,8 +88,8 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
         # A partition mapping can map to no upstream partition at all (the first day of a
         # self-dependent asset): that input is empty, never the whole table.
         maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
-        with self._connect() as conn:
-            columns = table_columns(conn, settings.schema, settings.table)
+        with self._backend() as backend:
+            columns = backend.column_types(settings)
             if columns is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
@@ -116,29 +97,15 @@ class _IdempotentDuckDBIOManager(dg.ConfigurableIOManager):
                     return pa.table({}) if want_arrow else pd.DataFrame()
                 raise dg.Failure(
                     f"Asset '{settings.asset}' has no table {settings.schema}.{settings.table} in"
-                    f" {self.database} yet. Materialize it first (for the partition(s) this run"
-                    " reads), then rerun."
+                    f" {self._location()} yet. Materialize it first (for the partition(s) this"
+                    " run reads), then rerun."
                 )
-            where, params, order = "", [], ""
             pcol = settings.partition_expr
-            if pcol:
-                order = f" ORDER BY {quote(pcol)}"
-            if maps_to_nothing:
-                where = " WHERE false"
-            elif window and pcol:
-                spans = [
-                    (bound_for(s, columns[pcol]), bound_for(e, columns[pcol]))
-                    for s, e in window.spans()
-                ]
-                pred, params = sql.window_predicate(pcol, spans)
-                where = f" WHERE {pred}"
-            target = qualified(settings.schema, settings.table)
             if window and pcol and not maps_to_nothing:
-                missing = _never_materialized(context, conn, target, pcol, columns[pcol], window)
+                missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
-            relation = conn.sql(f"SELECT * FROM {target}{where}{order}", params=params)
-            return relation.to_arrow_table() if want_arrow else relation.df()
+            return backend.load(settings, window, maps_to_nothing, want_arrow)
 
 
 def _reader(context: dg.InputContext) -> dg.AssetsDefinition | None:
@@ -153,12 +120,7 @@ def _reads_itself(context: dg.InputContext) -> bool:
 
 
 def _never_materialized(
-    context: dg.InputContext,
-    conn: duckdb.DuckDBPyConnection,
-    target: str,
-    column: str,
-    column_type: str,
-    window: WriteWindow,
+    context: dg.InputContext, backend: Backend, settings: WriteSettings, window: WriteWindow
 ) -> list[str]:
     """Upstream partitions of ``window`` with neither a materialization nor a row."""
     # The instance knows a partition materialised empty; rows prove one that another instance
@@ -172,9 +134,10 @@ def _never_materialized(
     for p in window.partitions:
         if p.key in recorded or p.key in this_run:
             continue
-        span = (bound_for(p.start, column_type), bound_for(p.end, column_type))
-        q, params = sql.count_window(target, column, [span])
-        if conn.execute(q, params).fetchall()[0][0] == 0:
+        found = backend.fingerprint_table(
+            settings.schema, settings.table, settings.partition_expr, WriteWindow((p,))
+        )
+        if not found or found[0] == 0:
             missing.append(p.key)
     return missing
 
@@ -246,13 +209,33 @@ def partition_metadata(part: PartitionResult, window: PartitionWindow) -> dict[s
     }
 
 
-class DuckDBOverwriteIOManager(_IdempotentDuckDBIOManager):
+class _DuckDBIOManager(IdempotentIOManager):
+    """Opens the DuckDB backend on a database file."""
+
+    database: str = Field(
+        description="Path of the DuckDB database file (created on first write).",
+    )
+    connection_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="DuckDB configuration options passed to duckdb.connect (e.g. memory_limit).",
+    )
+
+    @contextmanager
+    def _backend(self) -> Iterator[DuckDBBackend]:
+        with duckdb_connection(self.database, self.connection_config) as conn:
+            yield DuckDBBackend(conn)
+
+    def _location(self) -> str:
+        return self.database
+
+
+class DuckDBOverwriteIOManager(_DuckDBIOManager):
     """Replaces the run's partition window with the batch in one DuckDB transaction."""
 
     mode: ClassVar[WriteMode] = "overwrite"
 
 
-class DuckDBMergeIOManager(_IdempotentDuckDBIOManager):
+class DuckDBMergeIOManager(_DuckDBIOManager):
     """Upserts the batch on 'primary_key' and deletes the window's stale rows in one transaction."""
 
     mode: ClassVar[WriteMode] = "merge"

@@ -112,7 +112,7 @@ def resolve_settings(
     The table is the key's last part. Its schema, as dagster-duckdb resolves it: the asset's
     ``schema`` metadata, else the IO manager's ``default_schema``, else the key's prefix (its
     part before the name), else ``main``. Two keys may still resolve to one table; the publish
-    refuses the second asset (see ``duckdb_publish.table_owner``).
+    refuses the second asset (see ``guards.refuse_other_owner``).
     """
     md = dict(metadata or {})
     asset = asset_key.to_user_string()

@@ -9,8 +9,12 @@ from dataclasses import dataclass
 from datetime import date, datetime, time
 
 import dagster as dg
+import pyarrow as pa
 
 from idem_assets.lib.errors import ConfigurationError
+
+#: A window boundary as a column compares it: a date for a date column, else a datetime.
+Bound = datetime | date
 
 
 @dataclass(frozen=True)
@@ -113,20 +117,19 @@ def window_from_context(
     return window_from_keys(context.asset_partitions_def, keys, asset)
 
 
-def bound_for(value: datetime, column_type: str) -> datetime | date:
-    """Convert a window boundary to a value comparable with a column of ``column_type``.
+def bound_for(value: datetime, column_type: pa.DataType) -> datetime | date:
+    """Convert a window boundary to a value comparable with a column of Arrow ``column_type``.
 
-    Naive ``TIMESTAMP`` columns hold wall-clock time in the partitions' timezone, so the
-    timezone is dropped after conversion rather than shifted to UTC. A boundary the column
-    cannot express exactly (an hour on a ``DATE`` column, a repeated hour on a naive one) is a
+    Naive timestamp columns hold wall-clock time in the partitions' timezone, so the timezone
+    is dropped after conversion rather than shifted to UTC. A boundary the column cannot
+    express exactly (an hour on a date column, a repeated hour on a naive one) is a
     configuration error: the window would match the wrong rows, or none.
     """
-    kind = column_type.upper()
-    if kind == "DATE":
+    if pa.types.is_date(column_type):
         if value.time() != time(0):
             raise ConfigurationError(_finer_than_a_day(value))
         return value.date()
-    if "WITH TIME ZONE" in kind or kind.startswith("TIMESTAMPTZ"):
+    if pa.types.is_timestamp(column_type) and column_type.tz is not None:
         return value
     wall_clock = value.replace(tzinfo=None)
     # Read back as the first of two repeated hours, a wall-clock bound must be the same instant.
@@ -134,6 +137,21 @@ def bound_for(value: datetime, column_type: str) -> datetime | date:
     if value.tzinfo is not None and first.timestamp() != value.timestamp():
         raise ConfigurationError(_repeated_hour(value))
     return wall_clock
+
+
+def spans_for(window: WriteWindow, column_type: pa.DataType) -> list[tuple[Bound, Bound]]:
+    """The window's half-open spans in a column of ``column_type``."""
+    return [(bound_for(s, column_type), bound_for(e, column_type)) for s, e in window.spans()]
+
+
+def partition_bounds(
+    window: WriteWindow, column_type: pa.DataType
+) -> list[tuple[str, Bound, Bound]]:
+    """Each partition of the window with its bounds in a column of ``column_type``."""
+    return [
+        (p.key, bound_for(p.start, column_type), bound_for(p.end, column_type))
+        for p in window.partitions
+    ]
 
 
 def _finer_than_a_day(value: datetime) -> str:

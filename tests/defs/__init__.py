@@ -18,12 +18,12 @@ import idem_assets as ia
 import idem_assets.definitions
 from idem_assets import landing
 from idem_assets.defs.partitions import DAILY
-from idem_assets.demo import PARTITION_COLUMN
+from idem_assets.defs.reconciliation import rows_per_day as read_rows_per_day
+from idem_assets.demo import PARTITION_COLUMN, TABLES
 
 #: The project root (where pyproject.toml and dagster.yaml live) and the venv's executables.
 REPO = Path(idem_assets.__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-TABLES = ("raw_trips", "trips", "daily_zone_revenue", "revenue_running_total")
 #: Small days keep a run under a second; the generator keeps a normal day fresh at any size.
 ROWS = 200
 JOB = "taxi_daily"
@@ -189,14 +189,8 @@ def day_fingerprints(database: Path, keys: Sequence[str]) -> dict[tuple[str, str
 
 def rows_per_day(database: Path, table: str) -> dict[str, int]:
     """Rows per partition day of ``table`` in ``database``."""
-    col = PARTITION_COLUMN[table]
     with read(database) as con:
-        return dict(
-            con.execute(
-                f'SELECT CAST("{col}" AS DATE)::VARCHAR, count(*) FROM "{table}" GROUP BY 1'
-                " ORDER BY 1"
-            ).fetchall()
-        )
+        return read_rows_per_day(con, "main", table, PARTITION_COLUMN[table])
 
 
 def check_evaluations(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], Any]:

@@ -1,7 +1,7 @@
 """Shared helpers for the idem_assets library tests: a fake source, runs and table readers."""
 
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +10,13 @@ import duckdb
 import pandas as pd
 
 import idem_assets as ia
-from idem_assets.lib.duckdb_publish import to_arrow
+from idem_assets.lib.batches import to_arrow
+from tests.helpers import DAILY, NOW, TRIPS_METADATA, range_tags, settings, window
 
-DAILY = dg.DailyPartitionsDefinition(start_date="2026-01-01")
+__all__ = ["DAILY", "NOW", "TRIPS_METADATA", "settings", "window"]
+
 DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
 ROWS_PER_DAY = 1000
-TRIPS_METADATA: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id"]}
-
-#: A fixed "now" for publish(): long after every test window, so run-time checks are stable.
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def day_start(day: str) -> datetime:
@@ -92,10 +90,7 @@ def run(
     """Materialize ``assets`` for one partition, a partition range (one run), or unpartitioned."""
     tags = {}
     if partition_range is not None:
-        tags = {
-            "dagster/asset_partition_range_start": partition_range[0],
-            "dagster/asset_partition_range_end": partition_range[1],
-        }
+        tags = range_tags(partition_range[0], partition_range[1])
     return dg.materialize(
         list(assets),
         resources=resources(db),
@@ -132,28 +127,6 @@ def output_metadata(result: dg.ExecuteInProcessResult) -> dict[str | None, dict[
         }
         for event in result.get_asset_materialization_events()
     }
-
-
-def window(*keys: str) -> ia.WriteWindow:
-    """The write window of daily partition ``keys``."""
-    return ia.window_from_keys(DAILY, list(keys), "test")
-
-
-def settings(
-    mode: str = "overwrite",
-    metadata: Mapping[str, Any] | None = None,
-    *,
-    table: str = "trips",
-    partitioned: bool = True,
-) -> ia.WriteSettings:
-    """Resolve write settings the way the IO managers do."""
-    return ia.resolve_settings(
-        asset_key=dg.AssetKey([table]),
-        metadata=dict(metadata if metadata is not None else TRIPS_METADATA),
-        mode=mode,  # type: ignore[arg-type]
-        default_schema="main",
-        partitioned=partitioned,
-    )
 
 
 def publish(

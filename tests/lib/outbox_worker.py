@@ -17,8 +17,8 @@ from pydantic import Field
 
 import idem_assets as ia
 from idem_assets.lib.outbox import OUTBOX_STAGE_HOOK
+from tests.helpers import DAILY
 
-DAILY = dg.DailyPartitionsDefinition(start_date="2026-01-01")
 ACTION = "post_summary"
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
+from tests.helpers import range_tags
 
 from . import DAILY, count, output_metadata, read, resources, rows, run, trips, trips_asset
 
@@ -474,20 +475,14 @@ def test_each_day_of_a_chunk_carries_its_own_counts(tmp_path: Path) -> None:
             [asset],
             resources=resources(db),
             instance=instance,
-            tags={
-                "dagster/asset_partition_range_start": week[0],
-                "dagster/asset_partition_range_end": week[1],
-            },
+            tags=range_tags(week[0], week[1]),
         )
         version["n"] = 9
         dg.materialize(
             [asset],
             resources=resources(db),
             instance=instance,
-            tags={
-                "dagster/asset_partition_range_start": week[0],
-                "dagster/asset_partition_range_end": week[1],
-            },
+            tags=range_tags(week[0], week[1]),
         )
         day5 = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("trips"), asset_partitions=["2026-01-05"]),

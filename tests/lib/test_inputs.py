@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 import idem_assets as ia
+from tests.helpers import range_tags
 
 from . import DAILY, DAYS, read, resources, rows, trips
 
@@ -44,10 +45,7 @@ def materialize(
 ) -> dg.ExecuteInProcessResult:
     tags = {}
     if partition_range:
-        tags = {
-            "dagster/asset_partition_range_start": partition_range[0],
-            "dagster/asset_partition_range_end": partition_range[1],
-        }
+        tags = range_tags(partition_range[0], partition_range[1])
     return dg.materialize(
         assets,
         resources=resources(db),

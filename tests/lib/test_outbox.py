@@ -19,15 +19,13 @@ import dagster as dg
 import pytest
 
 import idem_assets as ia
+from tests.helpers import range_tags
 
 from .outbox_worker import ACTION, notify, resources, summary
 
 REPO = Path(__file__).resolve().parents[2]
 DAY = "2026-01-02"
-RANGE_TAGS = {
-    "dagster/asset_partition_range_start": "2026-01-01",
-    "dagster/asset_partition_range_end": "2026-01-03",
-}
+RANGE_TAGS = range_tags("2026-01-01", "2026-01-03")
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.duckdb_publish import to_arrow
+from idem_assets.lib.batches import to_arrow
 
 from . import DAYS, NOW, count, fingerprint, publish, rows, settings, trips
 

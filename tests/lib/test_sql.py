@@ -6,7 +6,8 @@ import duckdb
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib import sql
+from idem_assets.lib import batch_sql
+from idem_assets.lib.backends import duckdb_sql as sql
 from idem_assets.lib.identifiers import qualified, quote, validate_identifier
 
 DAY = (datetime(2026, 1, 1), datetime(2026, 1, 2))
@@ -15,14 +16,14 @@ TARGET = '"main"."trips"'
 
 
 def test_window_predicate_is_half_open_and_bound() -> None:
-    assert sql.window_predicate("pickup_at", [DAY]) == (
+    assert batch_sql.window_predicate("pickup_at", [DAY]) == (
         '(("pickup_at" >= ? AND "pickup_at" < ?))',
         [datetime(2026, 1, 1), datetime(2026, 1, 2)],
     )
 
 
 def test_window_predicate_covers_every_span_with_an_alias() -> None:
-    text, params = sql.window_predicate("pickup_at", [DAY, LATER_DAY], alias="t")
+    text, params = batch_sql.window_predicate("pickup_at", [DAY, LATER_DAY], alias="t")
     assert text == (
         '((t."pickup_at" >= ? AND t."pickup_at" < ?) OR (t."pickup_at" >= ? AND t."pickup_at" < ?))'
     )
@@ -46,7 +47,9 @@ def test_insert_by_name_text() -> None:
 
 
 def test_dedupe_breaks_ties_on_every_other_column_in_name_order() -> None:
-    assert sql.dedupe("staged", ["id"], ["updated_at"], ["id", "salary", "updated_at", "name"]) == (
+    assert batch_sql.dedupe(
+        "staged", ["id"], ["updated_at"], ["id", "salary", "updated_at", "name"]
+    ) == (
         'SELECT * FROM staged QUALIFY row_number() OVER (PARTITION BY "id" ORDER BY'
         ' "updated_at" DESC NULLS LAST, "name" ASC NULLS LAST, "salary" ASC NULLS LAST) = 1'
     )
@@ -70,11 +73,11 @@ def test_merge_counts_binds_the_window_once_per_use() -> None:
 def test_values_are_bound_never_formatted() -> None:
     hostile = "2026-01-01'); DROP TABLE trips; --"
     for text, params in [
-        sql.window_predicate("pickup_at", [(hostile, hostile)]),
+        batch_sql.window_predicate("pickup_at", [(hostile, hostile)]),
         sql.delete_window(TARGET, "pickup_at", [(hostile, hostile)]),
         sql.count_window(TARGET, "pickup_at", [(hostile, hostile)]),
-        sql.batch_profile("staged", "pickup_at", [(hostile, hostile)], ["id"]),
-        sql.stray_rows_sample("staged", "pickup_at", [(hostile, hostile)]),
+        batch_sql.batch_profile("staged", "pickup_at", [(hostile, hostile)], ["id"]),
+        batch_sql.stray_rows_sample("staged", "pickup_at", [(hostile, hostile)]),
     ]:
         assert "DROP" not in text and "2026" not in text
         assert params.count(hostile) == 2
@@ -83,14 +86,14 @@ def test_values_are_bound_never_formatted() -> None:
 @pytest.mark.parametrize(
     "builder",
     [
-        lambda bad: sql.window_predicate(bad, [DAY]),
+        lambda bad: batch_sql.window_predicate(bad, [DAY]),
         lambda bad: sql.delete_window(TARGET, bad, [DAY]),
         lambda bad: sql.insert_by_name(TARGET, "staged", bad),
-        lambda bad: sql.dedupe("staged", [bad], ["updated_at"], ["id"]),
-        lambda bad: sql.dedupe("staged", ["id"], [bad], ["id"]),
+        lambda bad: batch_sql.dedupe("staged", [bad], ["updated_at"], ["id"]),
+        lambda bad: batch_sql.dedupe("staged", ["id"], [bad], ["id"]),
         lambda bad: sql.fingerprint(TARGET, [bad]),
         lambda bad: sql.delete_matching_keys(TARGET, "staged", [bad]),
-        lambda bad: sql.batch_profile("staged", None, [], [bad]),
+        lambda bad: batch_sql.batch_profile("staged", None, [], [bad]),
         lambda bad: qualified(bad, "trips"),
     ],
 )
@@ -142,7 +145,7 @@ def moments() -> duckdb.DuckDBPyConnection:
 def test_count_by_partition_leaves_out_rows_of_no_partition(
     moments: duckdb.DuckDBPyConnection,
 ) -> None:
-    q, p = sql.count_by_partition("t", "ts", PARTS)
+    q, p = batch_sql.count_by_partition("t", "ts", PARTS)
     assert sorted(moments.execute(q, p).fetchall()) == [("2026-01-01", 2), ("2026-01-05", 1)]
 
 

@@ -2,15 +2,17 @@
 
 import os
 from collections.abc import Sequence
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 from typing import Any
 
-import dagster as dg
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 import idem_assets as ia
+from tests.helpers import DAILY, NOW, settings, window
+
+__all__ = ["DAILY", "NOW", "settings", "window"]
 
 #: ``IDEM_FULL=1`` runs every reliability test at its full count (``make test-full``).
 FULL = os.environ.get("IDEM_FULL", "") not in ("", "0")
@@ -18,9 +20,6 @@ FULL = os.environ.get("IDEM_FULL", "") not in ("", "0")
 #: Base seed of every randomised test; ``IDEM_SEED=<n>`` replays another run.
 SEED = int(os.environ.get("IDEM_SEED", "20260101"))
 
-DAILY = dg.DailyPartitionsDefinition(start_date="2026-01-01")
-#: A fixed "now" long after every test window, so the run-time value guard is stable.
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TABLE = "trips"
 PARTITION = "pickup_at"
 METADATA: dict[str, Any] = {"partition_expr": PARTITION, "primary_key": ["trip_id"]}
@@ -39,24 +38,6 @@ def days(first: str, n: int) -> list[str]:
     """``n`` consecutive daily partition keys starting at ``first``."""
     start = date.fromisoformat(first)
     return [(start + timedelta(days=i)).isoformat() for i in range(n)]
-
-
-def settings(
-    mode: str = "overwrite", metadata: dict[str, Any] | None = None, table: str = TABLE
-) -> ia.WriteSettings:
-    """Write settings resolved the way the IO managers resolve them."""
-    return ia.resolve_settings(
-        asset_key=dg.AssetKey([table]),
-        metadata=metadata if metadata is not None else METADATA,
-        mode=mode,  # type: ignore[arg-type]
-        default_schema="main",
-        partitioned=True,
-    )
-
-
-def window(keys: Sequence[str]) -> ia.WriteWindow:
-    """The write window of daily partition ``keys``."""
-    return ia.window_from_keys(DAILY, list(keys), TABLE)
 
 
 def day_batch(day: str, rows: int, version: int = 0, *, duplicates: int = 0) -> pa.Table:
@@ -107,7 +88,7 @@ def partition_fingerprints(
     conn: duckdb.DuckDBPyConnection, keys: Sequence[str], table: str = TABLE
 ) -> dict[str, str | None]:
     """The fingerprint of each daily partition of ``table`` (``None`` when there is no table)."""
-    return {k: ia.table_fingerprint(conn, "main", table, PARTITION, window([k])) for k in keys}
+    return {k: ia.table_fingerprint(conn, "main", table, PARTITION, window(k)) for k in keys}
 
 
 def database_fingerprint(conn: duckdb.DuckDBPyConnection) -> dict[str, Any]:

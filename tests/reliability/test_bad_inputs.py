@@ -31,7 +31,8 @@ from idem_assets import landing
 from idem_assets.defs.raw_trips import raw_trips
 from idem_assets.defs.resources import LandingZone
 from idem_assets.defs.trips import trips
-from idem_assets.lib.duckdb_publish import to_arrow
+from idem_assets.lib.batches import to_arrow
+from tests.helpers import range_tags
 
 from . import DAILY, NOW, database_fingerprint
 
@@ -216,10 +217,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     dg.materialize(
         [raw_trips, trips],
         resources=resources(env),
-        tags={
-            "dagster/asset_partition_range_start": DAYS[0],
-            "dagster/asset_partition_range_end": DAYS[-1],
-        },
+        tags=range_tags(DAYS[0], DAYS[-1]),
     )
     for day in DAYS[:2]:
         materialize(env, [readings_asset(readings)], day)

@@ -48,7 +48,7 @@ pytestmark = pytest.mark.slow
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("race") / "template.duckdb"
     with duckdb.connect(str(db)) as conn:
-        ia.publish(conn, range_batch(ALL_DAYS, ROWS), settings(), window(ALL_DAYS), now=NOW)
+        ia.publish(conn, range_batch(ALL_DAYS, ROWS), settings(), window(*ALL_DAYS), now=NOW)
     return db
 
 
@@ -71,7 +71,7 @@ def expected(
     with duckdb.connect(str(db)) as conn:
         for keys in chunks:
             batch = range_batch(keys, ROWS, version)
-            ia.publish(conn, batch, settings(mode), window(keys), now=NOW)
+            ia.publish(conn, batch, settings(mode), window(*keys), now=NOW)
     return fingerprints(db)
 
 
@@ -265,8 +265,8 @@ def test_readers_in_the_writer_process_never_see_a_partial_window(
                             f"SELECT {DAY_SUMMARY} FROM main.trips WHERE pickup_at >= ? AND"
                             " pickup_at < ? GROUP BY day",
                             [
-                                window(keys).start.replace(tzinfo=None),
-                                window(keys).end.replace(tzinfo=None),
+                                window(*keys).start.replace(tzinfo=None),
+                                window(*keys).end.replace(tzinfo=None),
                             ],
                         ).fetchall()
                     )
@@ -284,7 +284,7 @@ def test_readers_in_the_writer_process_never_see_a_partial_window(
         writer = conn.cursor()
         for i in range(writes):
             mode = "merge" if i % 2 else "overwrite"
-            ia.publish(writer, batches[1 + i % 2], settings(mode), window(keys), now=NOW)
+            ia.publish(writer, batches[1 + i % 2], settings(mode), window(*keys), now=NOW)
         writer.close()
         stop.set()
         for thread in readers:
@@ -385,7 +385,7 @@ def test_two_chunks_racing_in_one_process(
             cursor = conn.cursor()
             try:
                 batch = range_batch(chunks[i], ROWS, 1)
-                ia.publish(cursor, batch, settings(), window(chunks[i]), now=NOW, on_stage=meet)
+                ia.publish(cursor, batch, settings(), window(*chunks[i]), now=NOW, on_stage=meet)
                 results[i] = "ok"
             except duckdb.Error as exc:
                 barrier.abort()

@@ -117,7 +117,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A warehouse file holding eight days of 20,000 trips (version 0)."""
     db = tmp_path_factory.mktemp("crash") / "template.duckdb"
     with duckdb.connect(str(db)) as conn:
-        ia.publish(conn, range_batch(ALL_DAYS, ROWS_PER_DAY), settings(), window(ALL_DAYS), now=NOW)
+        ia.publish(
+            conn, range_batch(ALL_DAYS, ROWS_PER_DAY), settings(), window(*ALL_DAYS), now=NOW
+        )
     return db
 
 
@@ -196,8 +198,8 @@ def scenario_files(
         ia.publish(
             conn,
             batch,
-            settings(scenario.mode, scenario.metadata, scenario.table),
-            window(scenario.keys),
+            settings(scenario.mode, scenario.metadata, table=scenario.table),
+            window(*scenario.keys),
             now=NOW,
         )
     new = state(expected)
@@ -302,8 +304,8 @@ def test_sigkill_at_random_moments_leaves_each_partition_old_or_new(
             ia.publish(
                 conn,
                 read_batch(str(batch_path)),
-                settings(scenario.mode, scenario.metadata, scenario.table),
-                window(scenario.keys),
+                settings(scenario.mode, scenario.metadata, table=scenario.table),
+                window(*scenario.keys),
                 now=NOW,
             )
         assert state(db) == new, f"the rerun after the kill did not publish the batch {replay}"

@@ -59,7 +59,7 @@ def publish(
     chosen = dict(versions)
     keys = sorted(chosen)
     batch = pa.concat_tables([day_input(k, v, mode) for k, v in chosen.items()])
-    ia.publish(conn, batch, settings(mode, MODES[mode]), window(keys), now=NOW)
+    ia.publish(conn, batch, settings(mode, MODES[mode]), window(*keys), now=NOW)
 
 
 def model(latest: dict[str, int], mode: str) -> list[tuple]:

@@ -58,7 +58,7 @@ def one_publish(conn: duckdb.DuckDBPyConnection, rng: random.Random) -> None:
     duplicates = rng.choice([0, 0, 5]) if mode == "merge" else 0
     batch = range_batch(keys, ROWS_PER_DAY, rng.randint(0, 3), duplicates=duplicates)
     metadata = MERGE if mode == "merge" else METADATA
-    ia.publish(conn, batch, settings(mode, metadata, TABLES[mode]), window(keys), now=NOW)
+    ia.publish(conn, batch, settings(mode, metadata, table=TABLES[mode]), window(*keys), now=NOW)
 
 
 def test_soak_keeps_file_size_wal_handles_and_memory_bounded(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_soak_keeps_file_size_wal_handles_and_memory_bounded(tmp_path: Path) -> 
         for mode, table in TABLES.items():
             batch = range_batch(DAYS, ROWS_PER_DAY)
             metadata = MERGE if mode == "merge" else METADATA
-            ia.publish(conn, batch, settings(mode, metadata, table), window(DAYS), now=NOW)
+            ia.publish(conn, batch, settings(mode, metadata, table=table), window(*DAYS), now=NOW)
     loaded = size(db)
     fds_before, rss_before = open_fds(), rss()
 

@@ -15,7 +15,7 @@ import duckdb
 import pyarrow as pa
 
 import idem_assets as ia
-from idem_assets.lib.duckdb_publish import table_columns
+from idem_assets.lib.backends.duckdb import table_columns
 
 from . import NOW, settings, window
 
@@ -61,8 +61,8 @@ def publish_until_killed(
     returned, and ``closed`` after close() (which checkpoints the WAL into the file).
     """
     batch = read_batch(batch_path)
-    write_settings = settings(mode, metadata, table)
-    write_window = window(keys)
+    write_settings = settings(mode, metadata, table=table)
+    write_window = window(*keys)
     report.send_bytes(b"start")
     conn = duckdb.connect(db, config={"checkpoint_threshold": checkpoint_threshold})
     ia.publish(
@@ -98,7 +98,7 @@ def race_publish(
     """
     batch = read_batch(batch_path)
     write_settings = settings(mode)
-    write_window = window(keys)
+    write_window = window(*keys)
 
     def hold(stage: str) -> None:
         if stage == "guards_passed":

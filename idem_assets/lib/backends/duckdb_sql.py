@@ -1,39 +1,23 @@
-"""Pure SQL builders for the write strategies.
+"""DuckDB's dialect for the statements that read and write a target table.
 
 Each function takes validated identifiers (and window bounds) and returns SQL text plus the
-parameters to bind. Nothing here opens a connection, so every statement is unit-testable. Values
-are always bound parameters; identifiers are validated and quoted.
+parameters to bind. Nothing here opens a connection, so every statement is unit-testable.
 """
 
 from collections.abc import Sequence
-from datetime import date, datetime
-from typing import Any
 
+from idem_assets.lib.batch_sql import (
+    Bound,
+    Statement,
+    count_by_partition,
+    partition_case,
+    quoted_columns,
+    span_predicate,
+    window_predicate,
+)
 from idem_assets.lib.identifiers import quote, validate_identifier
 
-Bound = datetime | date
-Statement = tuple[str, list[Any]]
-
-
-def _cols(columns: Sequence[str]) -> list[str]:
-    return [quote(validate_identifier(c, "column")) for c in columns]
-
-
-def window_predicate(
-    column: str, spans: Sequence[tuple[Bound, Bound]], alias: str | None = None
-) -> Statement:
-    """``column`` inside any half-open span: ``(c >= ? AND c < ?) OR ...``."""
-    c = quote(validate_identifier(column, "partition column"))
-    if alias:
-        c = f"{alias}.{c}"
-    return span_predicate(c, spans)
-
-
-def span_predicate(expression: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
-    """``expression`` (SQL built from validated names) inside any half-open span."""
-    parts = [f"({expression} >= ? AND {expression} < ?)" for _ in spans]
-    params: list[Any] = [b for span in spans for b in span]
-    return "(" + " OR ".join(parts) + ")", params
+__all__ = ["count_by_partition"]
 
 
 def delete_window(target: str, column: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
@@ -49,7 +33,7 @@ def delete_all(target: str) -> str:
 
 def delete_matching_keys(target: str, source: str, key: Sequence[str]) -> str:
     """Delete target rows whose key appears in ``source`` (the upsert's update half)."""
-    cond = " AND ".join(f"{target}.{c} = {source}.{c}" for c in _cols(key))
+    cond = " AND ".join(f"{target}.{c} = {source}.{c}" for c in quoted_columns(key))
     return f"DELETE FROM {target} USING {source} WHERE {cond}"
 
 
@@ -61,88 +45,6 @@ def insert_by_name(target: str, source: str, order_by: str | None) -> str:
     """
     order = f" ORDER BY {quote(validate_identifier(order_by, 'column'))}" if order_by else ""
     return f"INSERT INTO {target} BY NAME SELECT * FROM {source}{order}"
-
-
-def dedupe(source: str, key: Sequence[str], order_by: Sequence[str], columns: Sequence[str]) -> str:
-    """Keep one row per key: the greatest ``order_by`` wins.
-
-    Ties on ``order_by`` are broken by every remaining column, so the winner never depends on
-    the order rows arrived in; rows that tie on every column are identical, so any one will do.
-    """
-    # Sorted, so the winner of an exact tie does not depend on the batch's column order either.
-    rest = sorted(c for c in columns if c not in key and c not in order_by)
-    tie_break = [f"{c} DESC NULLS LAST" for c in _cols(order_by)] + [
-        f"{c} ASC NULLS LAST" for c in _cols(rest)
-    ]
-    return (
-        f"SELECT * FROM {source} QUALIFY row_number() OVER ("
-        f"PARTITION BY {', '.join(_cols(key))} ORDER BY {', '.join(tie_break)}) = 1"
-    )
-
-
-def batch_profile(
-    source: str,
-    partition_column: str | None,
-    spans: Sequence[tuple[Bound, Bound]],
-    key: Sequence[str],
-    count_duplicates: bool = True,
-) -> Statement:
-    """One scan of the batch: rows, NULL partition values, stray rows, NULL keys, duplicates.
-
-    Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
-    """
-    params: list[Any] = []
-    if partition_column:
-        p = quote(validate_identifier(partition_column, "partition column"))
-        null_partition = f"count(*) FILTER (WHERE {p} IS NULL)"
-        if spans:
-            pred, params = window_predicate(partition_column, spans)
-            outside = f"count(*) FILTER (WHERE {p} IS NOT NULL AND NOT {pred})"
-        else:
-            outside = "0"
-    else:
-        null_partition, outside = "0", "0"
-    if key:
-        kc = _cols(key)
-        null_key = "count(*) FILTER (WHERE " + " OR ".join(f"{c} IS NULL" for c in kc) + ")"
-        tuple_expr = kc[0] if len(kc) == 1 else f"row({', '.join(kc)})"
-        # count(DISTINCT) is the costliest part of the scan; skip it where nobody needs it.
-        duplicates = f"count(*) - count(DISTINCT {tuple_expr})" if count_duplicates else "0"
-    else:
-        null_key, duplicates = "0", "0"
-    sql = f"SELECT count(*), {null_partition}, {outside}, {null_key}, {duplicates} FROM {source}"
-    return sql, params
-
-
-def stray_rows_sample(
-    source: str, partition_column: str, spans: Sequence[tuple[Bound, Bound]], limit: int = 5
-) -> Statement:
-    """A few rows dated outside the window, earliest first."""
-    pred, params = window_predicate(partition_column, spans)
-    p = quote(partition_column)
-    return (
-        f"SELECT * FROM {source} WHERE {p} IS NOT NULL AND NOT {pred}"
-        f" ORDER BY {p} LIMIT {int(limit)}",
-        params,
-    )
-
-
-def null_sample(source: str, columns: Sequence[str], limit: int = 5) -> str:
-    """A few rows with NULL in any of ``columns``."""
-    cond = " OR ".join(f"{c} IS NULL" for c in _cols(columns))
-    return f"SELECT * FROM {source} WHERE {cond} LIMIT {int(limit)}"
-
-
-def duplicate_key_sample(source: str, key: Sequence[str], limit: int = 5) -> str:
-    """Rows of the first few duplicated keys, grouped together."""
-    kc = _cols(key)
-    k = ", ".join(kc)
-    return (
-        f"SELECT * FROM {source} WHERE ({k}) IN ("
-        f"SELECT {k} FROM {source} GROUP BY {k} HAVING count(*) > 1"
-        f" ORDER BY {k} LIMIT {int(limit)})"
-        f" ORDER BY {k} LIMIT {int(limit) * 2}"
-    )
 
 
 def count_window(
@@ -157,7 +59,7 @@ def count_window(
 
 def _key_in(source: str, key: Sequence[str], alias: str = "t") -> str:
     # A semi-join: duplicate keys in the batch cannot multiply the matches.
-    kc = _cols(key)
+    kc = quoted_columns(key)
     lhs = f"{alias}.{kc[0]}" if len(kc) == 1 else "(" + ", ".join(f"{alias}.{c}" for c in kc) + ")"
     return f"{lhs} IN (SELECT {', '.join(kc)} FROM {source})"
 
@@ -200,28 +102,6 @@ def keys_outside_window_sample(
     )
 
 
-def _partition_case(
-    partition_column: str, partitions: Sequence[tuple[str, Bound, Bound]]
-) -> Statement:
-    p = quote(validate_identifier(partition_column, "partition column"))
-    case = " ".join(f"WHEN {p} >= ? AND {p} < ? THEN ?" for _ in partitions)
-    params: list[Any] = [v for key, start, end in partitions for v in (start, end, key)]
-    return f"CASE {case} END", params
-
-
-def count_by_partition(
-    relation: str, partition_column: str, partitions: Sequence[tuple[str, Bound, Bound]]
-) -> Statement:
-    """Rows of ``relation`` in each partition: rows of ``(key, count)``, empty ones absent."""
-    case, params = _partition_case(partition_column, partitions)
-    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
-    return (
-        f"SELECT {case} AS partition_key, count(*) FROM {relation} WHERE {pred}"
-        " GROUP BY partition_key",
-        params + where_params,
-    )
-
-
 def matched_by_partition(
     target: str,
     source: str,
@@ -233,7 +113,7 @@ def matched_by_partition(
 
     Rows outside every partition come back under the key NULL.
     """
-    case, params = _partition_case(partition_column, partitions)
+    case, params = partition_case(partition_column, partitions)
     return (
         f"SELECT {case} AS partition_key, count(*) FROM {target} t WHERE {_key_in(source, key)}"
         " GROUP BY partition_key",
@@ -291,8 +171,8 @@ def partition_fingerprints(
     Used after a range (chunked backfill) publish, so each partition's materialization can
     carry its own row count and fingerprint rather than the range's totals.
     """
-    cols = ", ".join(_cols(sorted(columns)))
-    case, params = _partition_case(partition_column, partitions)
+    cols = ", ".join(quoted_columns(sorted(columns)))
+    case, params = partition_case(partition_column, partitions)
     pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
     return (
         f"SELECT {case} AS partition_key, count(*),"
@@ -312,7 +192,7 @@ def fingerprint(
 
     A sum (not an XOR) is used so that a doubled row changes the fingerprint.
     """
-    cols = ", ".join(_cols(sorted(columns)))
+    cols = ", ".join(quoted_columns(sorted(columns)))
     where, params = "", []
     if partition_column is not None and spans:
         pred, params = window_predicate(partition_column, spans)

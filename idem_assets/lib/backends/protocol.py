@@ -1,0 +1,150 @@
+"""What an engine must provide so the engine-neutral publish can replace a window in it.
+
+The guards (:mod:`idem_assets.lib.guards`) decide every refusal on the staged Arrow batch and on
+the small summaries a backend reads from its target; the backend only stages, counts, writes,
+fingerprints and loads. A new engine is one module implementing :class:`Backend`, plus its
+factory in ``tests/conformance/conftest.py``.
+"""
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from idem_assets.lib.settings import WriteSettings
+from idem_assets.lib.windows import Bound, WriteWindow
+
+#: Per-partition counts of a range, or the whole window's under the key ``None``.
+Counts = dict[str | None, int]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a publish needs to know of its table before it changes anything."""
+
+    exists: bool
+    #: The asset recorded as the table's writer, or ``None`` when none claimed it yet.
+    owner: str | None
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The batch as it will be stored: the target's column names and types."""
+
+    #: The name under which the backend's evaluator reads the staged rows: the batch cast to
+    #: the stored types with the engine's rounding, so the guards judge the stored values.
+    relation: str
+    #: The settings with every column name spelt as the table spells it.
+    settings: WriteSettings
+    #: The stored partition column's type (window bounds depend on it), or ``None``.
+    partition_type: pa.DataType | None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one publish writes: the staged batch, the target and the window's bounds."""
+
+    settings: WriteSettings
+    window: WriteWindow | None
+    #: "asset 'x', partition D", for messages.
+    where: str
+    staged: Staged
+    table_exists: bool
+    pcol: str | None
+    spans: list[tuple[Bound, Bound]]
+    #: A range's partitions with their bounds; empty for one partition or none.
+    bounds: list[tuple[str, Bound, Bound]]
+
+    @property
+    def key(self) -> list[str]:
+        """The merge key, spelt as stored."""
+        return list(self.settings.primary_key)
+
+    @property
+    def table_name(self) -> str:
+        """``schema.table`` for messages and metadata."""
+        return f"{self.settings.schema}.{self.settings.table}"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """An engine the idempotent publish can write to; every method runs in its transaction."""
+
+    #: The engine's name, for messages ("DuckDB", "Postgres").
+    engine: str
+
+    def transaction(self, where: str) -> AbstractContextManager[None]:
+        """One transaction: commit when the body returns, roll back when it raises."""
+        ...
+
+    def evaluator(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection the guards run their batch queries in (Arrow in, counts out)."""
+        ...
+
+    def describe(self, settings: WriteSettings) -> Target:
+        """Whether the table exists and which asset owns it."""
+        ...
+
+    def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
+        """Cast the batch to the stored names and types (the engine's rounding), or refuse it."""
+        ...
+
+    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
+        """Refuse rows the stored precision moves out of the window (called on stray rows)."""
+        ...
+
+    def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
+        """The table's columns as Arrow types, or ``None`` when there is no table."""
+        ...
+
+    def count_window(self, scope: Scope) -> Counts:
+        """Rows the window holds now, per partition for a range."""
+        ...
+
+    def count_keys(self, scope: Scope) -> tuple[Counts, int]:
+        """Target rows whose key the batch holds: in the window (per partition), and elsewhere."""
+        ...
+
+    def keys_elsewhere_sample(self, scope: Scope) -> str:
+        """A few target rows outside the window whose key the batch holds, as text."""
+        ...
+
+    def claim(self, settings: WriteSettings) -> None:
+        """Record the asset as the table's owner."""
+        ...
+
+    def owners_text(self) -> str:
+        """The owners table's name as a statement on this engine spells it."""
+        ...
+
+    def replace(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
+        """Delete the window (or the whole table), then insert the batch; returns rows written."""
+        ...
+
+    def merge(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
+        """Delete the batch's keys (the window's stale rows too with delete_missing), insert."""
+        ...
+
+    def fingerprints(self, scope: Scope) -> dict[str | None, tuple[int, int]]:
+        """Count and hash sum of the window as stored now, per partition for a range."""
+        ...
+
+    def fingerprint_table(
+        self, schema: str, table: str, partition_column: str | None, window: WriteWindow | None
+    ) -> tuple[int, int] | None:
+        """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
+        ...
+
+    def load(
+        self, settings: WriteSettings, window: WriteWindow | None, nothing: bool, arrow: bool
+    ) -> pa.Table | pd.DataFrame:
+        """The window's rows (none when ``nothing``; the table without a window), in order."""
+        ...
+
+
+def no_stage(stage: str) -> None:
+    """The ``on_stage`` hook of a production publish: nothing to inject."""

@@ -1,0 +1,162 @@
+"""Every refusal of a publish, decided on the staged batch and the target's summaries.
+
+Nothing here knows the engine: the batch is judged as Arrow (in the library's embedded DuckDB
+evaluator), the target through the counts its backend reports. Each guard raises an
+:class:`~idem_assets.lib.errors.IdempotencyError` before anything has changed.
+"""
+
+from dataclasses import dataclass
+
+import duckdb
+
+from idem_assets.lib import batch_sql
+from idem_assets.lib.backends.protocol import Counts, Scope
+from idem_assets.lib.errors import (
+    ConfigurationError,
+    DuplicateKeyError,
+    EmptyBatchError,
+    KeyOutsideWindowError,
+    NullValueError,
+    StrayRowsError,
+)
+from idem_assets.lib.samples import sample_text as sample
+from idem_assets.lib.settings import WriteSettings
+
+
+@dataclass(frozen=True)
+class BatchProfile:
+    """One scan of the staged batch: what every row-level guard needs."""
+
+    rows: int
+    null_partition: int
+    outside: int
+    null_key: int
+    duplicates: int
+
+
+def profile(conn: duckdb.DuckDBPyConnection, scope: Scope) -> BatchProfile:
+    """Count rows, NULL or stray partition values, NULL keys and (for a merge) duplicates."""
+    settings = scope.settings
+    # Duplicate keys only matter to a merge; with dedupe_order_by they are resolved in the
+    # INSERT itself, so the costly distinct count runs only where it can refuse the batch.
+    count_duplicates = settings.mode == "merge" and not settings.dedupe_order_by
+    q, p = batch_sql.batch_profile(
+        scope.staged.relation, scope.pcol, scope.spans, scope.key, count_duplicates
+    )
+    found = conn.execute(q, p).fetchall()
+    return BatchProfile(*(found[0] if found else (0,) * 5))
+
+
+def refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: Scope, found: BatchProfile) -> None:
+    """Refuse NULL or stray partition values, NULL keys and (for a merge) duplicate keys.
+
+    Stray rows that only the stored precision moves out of the window are the backend's to
+    explain (:meth:`Backend.refuse_rounded_out`); call it before this one when ``outside``.
+    """
+    source, pcol, key, where = scope.staged.relation, scope.pcol, scope.key, scope.where
+    rows = found.rows
+    if found.null_partition:
+        raise NullValueError(
+            f"Refused to write {where}: {found.null_partition} of {rows} rows have NULL in"
+            f" partition column '{pcol}', so they belong to no partition. Nothing was changed."
+            " Fix: drop or date those rows before returning the batch. Sample:\n"
+            + sample(conn, batch_sql.null_sample(source, [str(pcol)]))
+        )
+    if found.outside and pcol and scope.window:
+        window = scope.window
+        q, p = batch_sql.stray_rows_sample(source, pcol, scope.spans)
+        raise StrayRowsError(
+            f"Refused to write {where}: {found.outside} of {rows} rows have '{pcol}' outside the"
+            f" window [{window.start}, {window.end}). Writing them"
+            " would put rows into another partition (or, for a partition overwrite, wipe it)."
+            " Nothing was changed. Fix: filter the batch to the run's window"
+            " (context.partition_time_window), or route those rows to their own partition's"
+            " run. Sample:\n" + sample(conn, q, p)
+        )
+    if found.null_key:
+        raise NullValueError(
+            f"Refused to write {where}: {found.null_key} rows have NULL in key column(s) {key},"
+            " so they can never be matched by a rerun. Nothing was changed. Fix: fill or drop"
+            " them. Sample:\n" + sample(conn, batch_sql.null_sample(source, key))
+        )
+    if found.duplicates:
+        raise DuplicateKeyError(
+            f"Refused to write {where}: the batch holds {found.duplicates} extra row(s) for keys"
+            f" that appear more than once in {key}; a merge would keep an arbitrary one or"
+            " insert both. Nothing was changed. Fix: deduplicate the batch, or name the"
+            " column(s) that pick the winner (the latest wins): metadata={'primary_key': "
+            f"{key!r}, 'dedupe_order_by': ['updated_at']}}. Sample:\n"
+            + sample(conn, batch_sql.duplicate_key_sample(source, key))
+        )
+
+
+def refuse_erasing(
+    conn: duckdb.DuckDBPyConnection, scope: Scope, rows: int, existing: Counts
+) -> None:
+    """Refuse a batch that would empty a partition holding rows, unless that is declared."""
+    settings = scope.settings
+    # An upsert without deletes cannot erase anything, so only the replacing writes are guarded.
+    erases = settings.mode == "overwrite" or settings.delete_missing
+    total = sum(existing.values())
+    if not total or not erases or settings.allow_empty:
+        return
+    if scope.bounds and scope.pcol:
+        batch_by_part: dict[str, int] = {}
+        if rows:
+            q, p = batch_sql.count_by_partition(scope.staged.relation, scope.pcol, scope.bounds)
+            batch_by_part = dict(conn.execute(q, p).fetchall())
+        emptied = [k for k, _, _ in scope.bounds if existing.get(k) and not batch_by_part.get(k)]
+        if emptied:
+            raise EmptyBatchError(
+                f"Refused to write {scope.where}: the batch has no rows for partition(s)"
+                f" {emptied}, which hold {[existing[k] for k in emptied]} rows; publishing it"
+                " would silently erase them. Nothing was changed. Fix: find out why the input"
+                " has no rows for them (or run only the partitions it covers); if they really"
+                " are empty now, declare it: metadata={'allow_empty': True}."
+            )
+    elif rows == 0:
+        raise EmptyBatchError(
+            f"Refused to write {scope.where}: the batch is empty but the window holds {total}"
+            " rows; publishing it would silently erase them. Nothing was changed. Fix: find"
+            " out why the input is empty; if the partition really is empty now, declare it:"
+            " metadata={'allow_empty': True}."
+        )
+
+
+def refuse_keys_elsewhere(scope: Scope, outside_keys: int, existing_sample: str) -> None:
+    """Refuse a merge whose batch holds keys that live in partitions this run does not own."""
+    if not outside_keys or not scope.pcol:
+        return
+    raise KeyOutsideWindowError(
+        f"Refused to write {scope.where}: {outside_keys} key(s) of the batch already exist"
+        " in other partitions; merging would move those rows out of partitions this run"
+        " does not own. Nothing was changed. Fix: rerun the partition that holds them"
+        " first so they leave it, or correct the key. Existing rows:\n" + existing_sample
+    )
+
+
+def refuse_other_owner(settings: WriteSettings, where: str, owner: str, owners: str) -> None:
+    """Refuse to write a table another asset wrote first (``owners``: the owners table)."""
+    if owner == settings.asset:
+        return
+    target = f"{settings.schema}.{settings.table}"
+    prefix = settings.asset.split("/")[:-1]
+    by_case = (
+        " The two asset keys differ only in case, and DuckDB compares names without regard to case."
+        if owner.lower() == settings.asset.lower()
+        else ""
+    )
+    own_table = (
+        f"metadata={{'schema': '{prefix[-1]}'}} (or leave the IO manager's 'schema' unset, so"
+        " the key prefix names the schema)"
+        if prefix and prefix[-1].lower() != settings.schema.lower()
+        else "another asset name, or metadata={'schema': '<a schema of its own>'}"
+    )
+    raise ConfigurationError(
+        f"Refused to write {where}: table {target} belongs to asset '{owner}', which wrote it"
+        f" first; two assets writing one table would replace each other's rows.{by_case}"
+        f" Nothing was changed. Fix: give this asset a table of its own: {own_table}. If this"
+        f" asset replaces '{owner}' (a renamed asset), hand the table over first: UPDATE"
+        f" {owners} SET asset_key = '{settings.asset}' WHERE schema_key ="
+        f" '{settings.schema.lower()}' AND table_key = '{settings.table.lower()}'."
+    )

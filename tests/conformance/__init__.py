@@ -1,0 +1,1 @@
+"""The replace contract every backend must keep, run once per backend."""

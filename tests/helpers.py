@@ -1,0 +1,46 @@
+"""Helpers every test and benchmark shares: the partitions, a fixed clock, settings, windows."""
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+
+import idem_assets as ia
+
+DAILY = dg.DailyPartitionsDefinition(start_date="2026-01-01")
+#: A fixed "now" for publish(): long after every test window, so run-time checks are stable.
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+TRIPS_METADATA: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id"]}
+
+
+def settings(
+    mode: str = "overwrite",
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    table: str = "trips",
+    partitioned: bool = True,
+) -> ia.WriteSettings:
+    """Write settings resolved the way the IO managers resolve them."""
+    return ia.resolve_settings(
+        asset_key=dg.AssetKey([table]),
+        metadata=dict(metadata if metadata is not None else TRIPS_METADATA),
+        mode=mode,  # type: ignore[arg-type]
+        default_schema="main",
+        partitioned=partitioned,
+    )
+
+
+def window(
+    *keys: str, partitions: dg.TimeWindowPartitionsDefinition = DAILY, asset: str = "test"
+) -> ia.WriteWindow:
+    """The write window of partition ``keys`` (daily from 2026-01-01 unless told)."""
+    return ia.window_from_keys(partitions, list(keys), asset)
+
+
+def range_tags(first: str, last: str) -> dict[str, str]:
+    """Run tags that make one run materialize partitions ``first`` to ``last`` (a chunk)."""
+    return {
+        "dagster/asset_partition_range_start": first,
+        "dagster/asset_partition_range_end": last,
+    }
