@@ -213,26 +213,23 @@ def test_a_failed_action_is_not_recorded_and_the_next_run_retries_it_with_the_sa
     assert (record.status, record.attempts) == ("delivered", 2)
 
 
-@pytest.mark.slow
-def test_a_process_killed_between_the_action_and_the_ledger_write_repeats_the_same_key(
-    runner: Runner,
-) -> None:
+def killed_at(runner: Runner, stage: str) -> None:
+    """Deliver revision 1 of DAY in a child process that SIGKILLs itself at ``stage``."""
+    worker = [sys.executable, "-m", "tests.lib.outbox_worker", str(runner.ledger)]
     child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.lib.outbox_worker",
-            str(runner.ledger),
-            runner.receiver.url,
-            "1",
-            DAY,
-            "performed",
-        ],
+        [*worker, runner.receiver.url, "1", DAY, stage],
         cwd=REPO,
         capture_output=True,
         timeout=120,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+
+
+@pytest.mark.slow
+def test_a_process_killed_between_the_action_and_the_ledger_write_repeats_the_same_key(
+    runner: Runner,
+) -> None:
+    killed_at(runner, "performed")
     # The receiver got it; the ledger only knows it was started.
     assert runner.receiver.keys() == [key(DAY, 1, 1)]
     [pending] = runner.records()
@@ -253,22 +250,7 @@ def test_a_process_killed_between_the_action_and_the_ledger_write_repeats_the_sa
 def test_a_process_killed_before_the_action_sends_it_once_on_the_next_run(
     runner: Runner,
 ) -> None:
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.lib.outbox_worker",
-            str(runner.ledger),
-            runner.receiver.url,
-            "1",
-            DAY,
-            "claimed",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        timeout=120,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    killed_at(runner, "claimed")
     assert runner.receiver.keys() == []
 
     runner.run()
