@@ -551,6 +551,24 @@ class DagsterServices:
                 found.append(pid)
         return found
 
+    def wait_for_backfill_runs(
+        self, backfill_id: str, count: int, timeout_s: float = 600
+    ) -> list[RunRecord]:
+        """Wait until ``count`` runs of the backfill exist and all have finished; return them.
+
+        Unlike the client's ``wait_for_backfill`` this does not trust the backfill's status: a
+        `dagster job backfill` reads COMPLETED as soon as its runs are queued, even if they die.
+        """
+        deadline = time.monotonic() + timeout_s
+        records: list[RunRecord] = []
+        while time.monotonic() < deadline:
+            records = self.client.runs_for_backfill(backfill_id)
+            if len(records) >= count and all(r.status in TERMINAL_RUN_STATUSES for r in records):
+                return records
+            time.sleep(0.5)
+        summary = ", ".join(f"{r.partition}={r.status}" for r in records) or "no runs"
+        raise ServicesError(f"Runs of {backfill_id} not finished: {summary}\n{self.log_tails()}")
+
     def log_tails(self) -> str:
         """Return the tail of every service log, for error messages."""
         logs = [self.daemon_log, self.webserver_log]

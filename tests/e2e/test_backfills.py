@@ -42,11 +42,9 @@ from idem_assets.defs.reconciliation import (
 
 # Relative, because tests/ has no __init__.py (see test_harness.py).
 from .dagster_services import (
-    TERMINAL_RUN_STATUSES,
     DagsterGraphQLClient,
     DagsterServices,
     RunRecord,
-    ServicesError,
     max_overlap,
 )
 
@@ -216,21 +214,6 @@ def launch_one_run_per_partition(
     return payload["backfillId"]
 
 
-def wait_for_runs(
-    services: DagsterServices, backfill_id: str, count: int, timeout_s: float
-) -> list[RunRecord]:
-    """Wait until ``count`` runs of the backfill exist and all have finished."""
-    deadline = time.monotonic() + timeout_s
-    records: list[RunRecord] = []
-    while time.monotonic() < deadline:
-        records = services.client.runs_for_backfill(backfill_id)
-        if len(records) >= count and all(r.status in TERMINAL_RUN_STATUSES for r in records):
-            return records
-        time.sleep(0.5)
-    summary = ", ".join(f"{r.partition}={r.status}" for r in records) or "no runs"
-    raise ServicesError(f"Runs of {backfill_id} not finished: {summary}\n{services.log_tails()}")
-
-
 def set_pool_limit(services: DagsterServices, limit: int) -> None:
     """Set the warehouse pool's slots with the CLI, as an operator would."""
     services.run_cli(["instance", "concurrency", "set", WAREHOUSE_POOL, str(limit)])
@@ -317,7 +300,7 @@ def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
     set_pool_limit(services, MAX_CONCURRENT_RUNS)
     launched_at = time.time()
     backfill_id = launch_one_run_per_partition(services, ["raw_trips"], PARTITIONS)
-    records = wait_for_runs(services, backfill_id, DAYS, timeout_s=600)
+    records = services.wait_for_backfill_runs(backfill_id, DAYS, timeout_s=600)
     events = {r.run_id: run_events(client, r.run_id) for r in records}
     measured["per_partition_pool_3"] = summary(records, events, launched_at)
 
@@ -333,7 +316,7 @@ def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
     set_pool_limit(services, 1)
     launched_at = time.time()
     backfill_id = launch_one_run_per_partition(services, ["raw_trips"], PARTITIONS)
-    records = wait_for_runs(services, backfill_id, DAYS, timeout_s=600)
+    records = services.wait_for_backfill_runs(backfill_id, DAYS, timeout_s=600)
     events = {r.run_id: run_events(client, r.run_id) for r in records}
     measured["per_partition_pool_1"] = summary(records, events, launched_at)
 
@@ -400,7 +383,7 @@ def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
         ]
     )
     backfill_id = completed.stdout.split("Launched backfill job `")[1].split("`")[0]
-    records = wait_for_runs(services, backfill_id, len(cli_days), timeout_s=300)
+    records = services.wait_for_backfill_runs(backfill_id, len(cli_days), timeout_s=300)
     events = {r.run_id: run_events(client, r.run_id) for r in records}
     measured["cli_job_backfill"] = summary(records, events, launched_at)
 

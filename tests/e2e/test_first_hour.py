@@ -5,7 +5,6 @@ DAGSTER_HOME where nobody has set the warehouse pool: what a new user has after 
 """
 
 import re
-import time
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
@@ -18,10 +17,8 @@ from idem_assets.defs.reconciliation import manifest_counts, reconcile, rows_per
 
 from .dagster_services import (
     REPO_ROOT,
-    TERMINAL_RUN_STATUSES,
     DagsterServices,
     RunRecord,
-    ServicesError,
     max_overlap,
 )
 from .readme import dagster_commands
@@ -59,19 +56,6 @@ def services(tmp_path: Path, landing_dir: Path) -> Iterator[DagsterServices]:
     assert services.leftover_processes() == []
 
 
-def wait_for_runs(services: DagsterServices, backfill_id: str, count: int) -> list[RunRecord]:
-    """Wait until ``count`` runs of the backfill exist and all have finished."""
-    deadline = time.monotonic() + 600
-    records: list[RunRecord] = []
-    while time.monotonic() < deadline:
-        records = services.client.runs_for_backfill(backfill_id)
-        if len(records) >= count and all(r.status in TERMINAL_RUN_STATUSES for r in records):
-            return records
-        time.sleep(1)
-    summary = ", ".join(f"{r.partition}={r.status}" for r in records) or "no runs"
-    raise ServicesError(f"Runs of {backfill_id} not finished: {summary}\n{services.log_tails()}")
-
-
 def test_readme_commands_run_verbatim_and_their_runs_succeed_one_at_a_time(
     services: DagsterServices, landing_dir: Path, tmp_path: Path
 ) -> None:
@@ -89,7 +73,7 @@ def test_readme_commands_run_verbatim_and_their_runs_succeed_one_at_a_time(
         if command.startswith("dagster job backfill"):
             match = LAUNCHED.search(done.stdout)
             assert match, output
-            backfills.append(wait_for_runs(services, match.group(1), len(BACKFILL_DAYS)))
+            backfills.append(services.wait_for_backfill_runs(match.group(1), len(BACKFILL_DAYS)))
 
     (records,) = backfills
     # The backfill's status says only that the runs were queued; the runs say what happened.
@@ -117,7 +101,7 @@ def test_readme_commands_run_verbatim_and_their_runs_succeed_one_at_a_time(
     assert done.returncode == 0, done.stdout + done.stderr
     match = LAUNCHED.search(done.stdout)
     assert match, done.stdout
-    (record,) = wait_for_runs(services, match.group(1), 1)
+    (record,) = services.wait_for_backfill_runs(match.group(1), 1)
     assert services.client.backfill_status(match.group(1))["status"] == "COMPLETED"
     assert record.status == "FAILURE"
     assert (
