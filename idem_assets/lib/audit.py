@@ -17,7 +17,6 @@ from typing import Any
 
 import dagster as dg
 import duckdb
-import pandas as pd
 import pyarrow as pa
 
 from idem_assets.lib import batch_sql
@@ -71,7 +70,8 @@ class Batch:
     runs (e.g. from a landing file's manifest); it overrides ``row_count``'s ``expected``.
     """
 
-    data: pa.Table | pd.DataFrame
+    #: A pyarrow Table, a pandas DataFrame, or a Polars DataFrame or LazyFrame.
+    data: Any
     expected_rows: Mapping[str, int] | None = None
 
 
@@ -89,7 +89,7 @@ class AuditReport:
 
 
 def stage(
-    data: pa.Table | pd.DataFrame,
+    data: Any,
     asset: str,
     primary_key: Sequence[str] = (),
     dedupe_order_by: Sequence[str] = (),
@@ -251,7 +251,7 @@ def refusal(
 
 def run_audit(
     context: dg.AssetExecutionContext,
-    output: pa.Table | pd.DataFrame | Batch,
+    output: Any,
     checks: Sequence[Check],
     metadata: Mapping[str, Any],
 ) -> Iterator[dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output]:

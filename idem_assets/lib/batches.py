@@ -1,5 +1,6 @@
 """What an asset returns, as the Arrow table every guard and backend reads."""
 
+import sys
 from typing import Any
 
 import pyarrow as pa
@@ -8,11 +9,14 @@ from idem_assets.lib.errors import SchemaMismatchError
 
 
 def to_arrow(obj: object, asset: str) -> pa.Table:
-    """Accept a pyarrow Table or a pandas DataFrame; refuse anything else."""
+    """Accept a pyarrow Table, a pandas DataFrame or a Polars frame; refuse anything else."""
     if isinstance(obj, pa.Table):
         return obj
     if isinstance(obj, pa.RecordBatch):
         return pa.Table.from_batches([obj])
+    polars_table = _polars_to_arrow(obj)
+    if polars_table is not None:
+        return polars_table
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - pandas is a dependency
@@ -21,9 +25,9 @@ def to_arrow(obj: object, asset: str) -> pa.Table:
         return pa.Table.from_pandas(_index_as_columns(obj, asset), preserve_index=False)
     raise TypeError(
         f"Asset '{asset}' returned {type(obj).__name__}; the idempotent IO managers store a"
-        " pandas DataFrame or a pyarrow Table. Return one of those (an empty one with the right"
-        " columns if the partition really has no rows, together with"
-        " metadata={'allow_empty': True})."
+        " pandas DataFrame, a Polars DataFrame or LazyFrame, or a pyarrow Table. Return one of"
+        " those (an empty one with the right columns if the partition really has no rows,"
+        " together with metadata={'allow_empty': True})."
     )
 
 
@@ -45,3 +49,28 @@ def _index_as_columns(frame: Any, asset: str) -> Any:
             " (df.reset_index(drop=True)), or rename it (df.rename_axis('other_name'))."
         )
     return frame.reset_index(level=named)
+
+
+def _polars_to_arrow(obj: Any) -> pa.Table | None:
+    """A Polars frame as Arrow without a copy (a LazyFrame is collected first), else ``None``."""
+    # Only a process that imported Polars can hand us a Polars frame, so Polars stays optional.
+    pl: Any = sys.modules.get("polars")
+    if pl is None:
+        return None
+    frame = obj.collect() if isinstance(obj, pl.LazyFrame) else obj
+    return frame.to_arrow() if isinstance(frame, pl.DataFrame) else None
+
+
+def reads_arrow(frame_type: object) -> bool:
+    """True when an input asks for Arrow or a Polars frame, which load from Arrow without pandas."""
+    pl: Any = sys.modules.get("polars")
+    return frame_type is pa.Table or (pl is not None and frame_type in (pl.DataFrame, pl.LazyFrame))
+
+
+def from_arrow(table: pa.Table, frame_type: object) -> Any:
+    """``table`` as the frame an input asks for: Arrow as is, Polars (eager or lazy) from it."""
+    pl: Any = sys.modules.get("polars")
+    if pl is not None and frame_type in (pl.DataFrame, pl.LazyFrame):
+        frame = pl.from_arrow(table)
+        return frame.lazy() if frame_type is pl.LazyFrame else frame
+    return table

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from idem_assets.lib.backends.duckdb import DuckDBBackend
 from idem_assets.lib.backends.protocol import Backend
-from idem_assets.lib.batches import to_arrow
+from idem_assets.lib.batches import from_arrow, reads_arrow, to_arrow
 from idem_assets.lib.connections import duckdb_connection
 from idem_assets.lib.data_versions import record_data_version
 from idem_assets.lib.errors import MissingUpstreamError
@@ -80,11 +80,16 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                         partition_key=part.key,
                     )
 
-    def load_input(self, context: dg.InputContext) -> pd.DataFrame | pa.Table:
-        """Load the window's rows (the whole table when unpartitioned), in partition order."""
+    def load_input(self, context: dg.InputContext) -> Any:
+        """Load the window's rows (the whole table when unpartitioned), in partition order.
+
+        An input typed ``pa.Table``, ``pl.DataFrame`` or ``pl.LazyFrame`` gets that type, read
+        as Arrow without a pass through pandas; any other input gets a pandas DataFrame.
+        """
         settings = self._settings(context)
         window = window_from_context(context, settings.asset)
-        want_arrow = context.dagster_type.typing_type is pa.Table
+        frame_type = context.dagster_type.typing_type
+        want_arrow = reads_arrow(frame_type)
         # A partition mapping can map to no upstream partition at all (the first day of a
         # self-dependent asset): that input is empty, never the whole table.
         maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
@@ -94,7 +99,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
                 if maps_to_nothing or _reads_itself(context):
-                    return pa.table({}) if want_arrow else pd.DataFrame()
+                    return from_arrow(pa.table({}), frame_type) if want_arrow else pd.DataFrame()
                 raise dg.Failure(
                     f"Asset '{settings.asset}' has no table {settings.schema}.{settings.table} in"
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
@@ -105,7 +110,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
-            return backend.load(settings, window, maps_to_nothing, want_arrow)
+            loaded = backend.load(settings, window, maps_to_nothing, want_arrow)
+            return from_arrow(loaded, frame_type) if want_arrow else loaded
 
 
 def _reader(context: dg.InputContext) -> dg.AssetsDefinition | None:
