@@ -18,6 +18,8 @@ from idem_assets.lib.schema_fit import (
 )
 from tests.helpers import settings
 
+from . import publish
+
 #: Partitioned by pickup_at, with no key: the batches below need no more columns.
 BY_PICKUP = settings(metadata={"partition_expr": "pickup_at"})
 
@@ -191,3 +193,14 @@ def test_stored_batch_keeps_the_last_moment_of_a_day_in_its_day_where_duckdb_rou
         conn.register("last", last)
         rounded = conn.execute('SELECT CAST(t AS TIMESTAMP) FROM "last"').fetchall()
     assert rounded == [(datetime(2026, 1, 2),)]
+
+
+@pytest.mark.parametrize("name", ["fare\x00", ""])
+def test_a_column_name_duckdb_would_alter_is_refused_before_duckdb_reads_it(name: str) -> None:
+    batch = pa.table(
+        {"pickup_at": pa.array([datetime(2026, 1, 1, 1)], pa.timestamp("us")), name: [1.0]}
+    )
+    with duckdb.connect() as conn:
+        with pytest.raises(ia.InvalidIdentifierError, match="is not a plain identifier"):
+            publish(conn, batch, BY_PICKUP, ["2026-01-01"])
+        assert conn.execute("SELECT count(*) FROM duckdb_tables()").fetchall() == [(0,)]
