@@ -127,6 +127,8 @@ def _publish_in_transaction(
     on_stage("guards_passed")
     if target.owner is None:
         backend.claim(settings)
+    if scope.staged.changes:
+        backend.evolve(scope.settings, scope.staged.changes)
     if scope.settings.mode == "merge":
         written = backend.merge(scope, on_stage)
     else:

@@ -7,6 +7,11 @@ that cannot lose a value is made silently, one that loses values only on some in
 value by value on the batch, and any other change is refused with the migration that makes it.
 What differs per engine (the type a new table stores, how its DDL spells a type, which names need
 quotes) is a :class:`TypeDialect`.
+
+An asset may opt into schema evolution (``metadata={"schema_evolution": ...}``): then
+:func:`schema_changes` lists the columns to add and the types to widen, which the backend applies
+in the publish's own transaction, and :func:`fit_columns` still refuses whatever would lose a
+value (a narrower type, another type, a dropped column).
 """
 
 from collections.abc import Sequence
@@ -40,6 +45,17 @@ class TypeDialect(Protocol):
     def sql_name(self, name: str) -> str:
         """``name`` as a user would type it in a statement: quoted only where it must be."""
         ...
+
+
+@dataclass(frozen=True)
+class SchemaChange:
+    """One change a publish makes to its table's schema, because the asset opted into it."""
+
+    action: Literal["add_column", "widen_type"]
+    #: The column as the table spells it (a new column as the batch spells it).
+    column: str
+    #: Its type after the change.
+    type: pa.DataType
 
 
 @dataclass(frozen=True)
@@ -144,6 +160,61 @@ def _fit(
         # Two Arrow spellings of one engine type (a dictionary of strings, date64).
         return "cast"
     return how
+
+
+def schema_changes(
+    settings: WriteSettings,
+    where: str,
+    batch: pa.Schema,
+    table: dict[str, pa.DataType] | None,
+    dialect: TypeDialect,
+) -> list[SchemaChange]:
+    """The columns to add and the types to widen that the asset's ``schema_evolution`` allows.
+
+    A type is widened only where every value the table holds fits the new type unchanged
+    (int32 to int64, int32 to double, float to double, decimal(10,2) to decimal(12,2)); nothing
+    here changes the table, and what it does not list is left to :func:`fit_columns` to refuse.
+    """
+    if table is None or settings.schema_evolution == "strict":
+        return []
+    table_by_name = {c.lower(): c for c in table}
+    changes = []
+    for field in batch:
+        stored = table_by_name.get(field.name.lower())
+        if stored is None:
+            if settings.adds_columns and not pa.types.is_null(field.type):
+                changes.append(
+                    SchemaChange("add_column", field.name, dialect.stored_type(field.type))
+                )
+        elif settings.widens_types and _widening(field.type, table[stored], dialect):
+            changes.append(SchemaChange("widen_type", stored, dialect.stored_type(field.type)))
+    return changes
+
+
+def _widening(batch_type: pa.DataType, old: pa.DataType, dialect: TypeDialect) -> bool:
+    """True when the column must change type for the batch, and every stored value fits."""
+    return (
+        _fit(batch_type, old, dialect) is None
+        and conversion(old, dialect.stored_type(batch_type)) == "cast"
+    )
+
+
+def evolved(
+    table: dict[str, pa.DataType], changes: Sequence[SchemaChange]
+) -> dict[str, pa.DataType]:
+    """The table's columns and types once ``changes`` are made."""
+    after = dict(table)
+    for change in changes:
+        after[change.column] = change.type
+    return after
+
+
+def change_sql(target: str, change: SchemaChange, dialect: TypeDialect) -> str:
+    """The ``ALTER TABLE`` statement that makes ``change`` to ``target`` (a quoted name)."""
+    column, spelt = dialect.sql_name(change.column), dialect.type_sql(change.type)
+    if change.action == "add_column":
+        return f"ALTER TABLE {target} ADD COLUMN {column} {spelt}"
+    return f"ALTER TABLE {target} ALTER COLUMN {column} TYPE {spelt}"
 
 
 def refuse_repeated_names(names: Sequence[str], where: str, engine: str = "DuckDB") -> None:
@@ -272,6 +343,7 @@ def _refuse_mismatch(
             f"ALTER TABLE {target} ALTER COLUMN {name(c)} TYPE {spelt(dialect.stored_type(new))}"
             for c, _, new in changed
         ]
+    evolution = _evolution_hint(settings, dialect, batch_cols, missing, extra, changed)
     tz_hint = (
         " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
         " make both naive (tz_localize(None)) or both aware."
@@ -282,10 +354,40 @@ def _refuse_mismatch(
         f"Refused to write {where}: the batch does not match table {target}: "
         + ", ".join(problems)
         + ". Nothing was changed. Fix: make the batch produce the table's columns and types;"
-        " or, for an intended schema change, migrate the table first, then rerun: "
+        + evolution
+        + " or, for an intended schema change, migrate the table first, then rerun: "
         + "; ".join(statements)
         + "."
         + tz_hint
+    )
+
+
+def _evolution_hint(
+    settings: WriteSettings,
+    dialect: TypeDialect,
+    batch_cols: dict[str, pa.DataType],
+    missing: list[str],
+    extra: list[str],
+    changed: list[tuple[str, pa.DataType, pa.DataType]],
+) -> str:
+    """The ``schema_evolution`` value that would make the publish fix it all, when one would."""
+    if missing or not (extra or changed):
+        # A dropped column loses its values: only the user may drop it.
+        return ""
+    adds = settings.adds_columns or bool(extra)
+    widens = settings.widens_types or bool(changed)
+    lossless = all(_widening(new, old, dialect) for _, old, new in changed)
+    typed = not any(pa.types.is_null(batch_cols[c]) for c in extra)
+    if not (lossless and typed):
+        return ""
+    value = {
+        (True, False): "add_columns",
+        (False, True): "widen_types",
+        (True, True): "add_columns_and_widen_types",
+    }[(adds, widens)]
+    return (
+        " or let every publish make such changes itself, in its own transaction:"
+        f" metadata={{'schema_evolution': '{value}'}};"
     )
 
 

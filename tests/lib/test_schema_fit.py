@@ -11,9 +11,12 @@ import idem_assets as ia
 from idem_assets.lib.backends.duckdb_types import DUCKDB_TYPES
 from idem_assets.lib.schema_fit import (
     ColumnFit,
+    SchemaChange,
     conversion,
+    evolved,
     fit_columns,
     refuse_lossy_values,
+    schema_changes,
     stored_batch,
 )
 from tests.helpers import settings
@@ -204,3 +207,34 @@ def test_a_column_name_duckdb_would_alter_is_refused_before_duckdb_reads_it(name
         with pytest.raises(ia.InvalidIdentifierError, match="is not a plain identifier"):
             publish(conn, batch, BY_PICKUP, ["2026-01-01"])
         assert conn.execute("SELECT count(*) FROM duckdb_tables()").fetchall() == [(0,)]
+
+
+def test_schema_changes_list_only_what_the_setting_allows_and_loses_nothing() -> None:
+    batch = pa.schema(
+        [
+            ("pickup_at", pa.timestamp("us")),
+            ("n", pa.int64()),
+            ("ratio", pa.float64()),
+            ("code", pa.string()),
+            ("tip", pa.float64()),
+        ]
+    )
+    table = {
+        "pickup_at": pa.timestamp("us"),
+        "N": pa.int32(),
+        "ratio": pa.int64(),
+        "code": pa.int32(),
+    }
+    both = settings(
+        metadata={"partition_expr": "pickup_at", "schema_evolution": "add_columns_and_widen_types"}
+    )
+    changes = schema_changes(both, "asset 'trips'", batch, table, ArrowNames())
+
+    # int64 into double may round, text into an integer column may not parse: neither listed.
+    assert changes == [
+        SchemaChange("widen_type", "N", pa.int64()),
+        SchemaChange("add_column", "tip", pa.float64()),
+    ]
+    with pytest.raises(ia.SchemaMismatchError, match=r"\[ratio: table int64, batch double; code"):
+        fit_columns(both, "asset 'trips'", batch, evolved(table, changes), ArrowNames())
+    assert schema_changes(BY_PICKUP, "asset 'trips'", batch, table, ArrowNames()) == []

@@ -32,7 +32,15 @@ from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
 from idem_assets.lib.errors import StrayRowsError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.samples import format_sample, sample_text
-from idem_assets.lib.schema_fit import ColumnFit, fit_columns, refuse_lossy_values
+from idem_assets.lib.schema_fit import (
+    ColumnFit,
+    SchemaChange,
+    change_sql,
+    evolved,
+    fit_columns,
+    refuse_lossy_values,
+    schema_changes,
+)
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import WriteWindow, spans_for
 
@@ -146,9 +154,13 @@ class DuckDBBackend:
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Register the batch and, where a type or name differs, a view casting it as stored."""
         conn = self.conn
-        table = None
+        table, changes = None, []
         if self._table_sql is not None:
             table = {c: arrow_type(t) for c, t in self._table_sql.items()}
+            changes = schema_changes(settings, where, batch.schema, table, DUCKDB_TYPES)
+            table = evolved(table, changes)
+            # The staged view casts to the types the table has once evolve has run.
+            self._table_sql |= {c.column: DUCKDB_TYPES.type_sql(c.type) for c in changes}
         columns = fit_columns(settings, where, batch.schema, table, DUCKDB_TYPES)
         refuse_lossy_values(batch, columns, settings, where, DUCKDB_TYPES)
         # Unique per publish: cursors of one connection share its registered names.
@@ -183,7 +195,9 @@ class DuckDBBackend:
             (c.stored_type for c in columns if c.stored_name == spelt_settings.partition_expr),
             None,
         )
-        return Staged(relation=source, settings=spelt_settings, partition_type=ptype)
+        return Staged(
+            relation=source, settings=spelt_settings, partition_type=ptype, changes=tuple(changes)
+        )
 
     def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
         """Refuse rows inside the window as sent but outside it once stored."""
@@ -212,6 +226,12 @@ class DuckDBBackend:
             f" before returning it, e.g. df['{c}'] = df['{c}'].dt.floor('{unit}'). Sample:\n"
             + format_sample(["batch_value", "stored_value"], [r[:2] for r in found])
         )
+
+    def evolve(self, settings: WriteSettings, changes: Sequence[SchemaChange]) -> None:
+        """Run each change's ALTER TABLE: DuckDB's DDL is part of the open transaction."""
+        target = qualified(settings.schema, settings.table)
+        for change in changes:
+            self.conn.execute(change_sql(target, change, DUCKDB_TYPES))
 
     def _stored_sql(self, column: ColumnFit) -> str:
         """The stored column's DuckDB type: the catalog's, or the one a new table takes."""
