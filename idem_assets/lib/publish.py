@@ -58,8 +58,23 @@ class PublishResult:
 
 def as_backend(store: duckdb.DuckDBPyConnection | Backend) -> Backend:
     """A backend for ``store``: anything else (a DuckDB connection) gets the DuckDB backend."""
+    if isinstance(store, Backend):
+        return store
+    if hasattr(store, "engine"):
+        # A backend written against an older protocol would otherwise be taken for a DuckDB
+        # connection and fail far from the cause.
+        missing = [m for m in _BACKEND_MEMBERS if not hasattr(store, m)]
+        raise TypeError(
+            f"{type(store).__name__} is not a complete idem_assets Backend: it lacks {missing}."
+            " Fix: implement them (idem_assets/lib/backends/protocol.py says what each does)."
+        )
     # Not isinstance(DuckDBPyConnection): wrapped connections (cursors, proxies) count too.
-    return store if isinstance(store, Backend) else DuckDBBackend(store)  # type: ignore[arg-type]
+    return DuckDBBackend(store)  # type: ignore[arg-type]
+
+
+_BACKEND_MEMBERS = sorted(
+    name for name in vars(Backend) if not name.startswith("_") and callable(vars(Backend)[name])
+)
 
 
 def publish(
