@@ -16,9 +16,9 @@ import pyarrow as pa
 
 from idem_assets.lib import guards
 from idem_assets.lib.backends.duckdb import DuckDBBackend
-from idem_assets.lib.backends.duckdb_columns import refuse_repeated_names
 from idem_assets.lib.backends.protocol import Backend, Counts, Scope, Target
 from idem_assets.lib.runtime_values import check_runtime_values
+from idem_assets.lib.schema_fit import refuse_repeated_names
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, partition_bounds, spans_for
 
@@ -58,8 +58,23 @@ class PublishResult:
 
 def as_backend(store: duckdb.DuckDBPyConnection | Backend) -> Backend:
     """A backend for ``store``: anything else (a DuckDB connection) gets the DuckDB backend."""
+    if isinstance(store, Backend):
+        return store
+    if hasattr(store, "engine"):
+        # A backend written against an older protocol would otherwise be taken for a DuckDB
+        # connection and fail far from the cause.
+        missing = [m for m in _BACKEND_MEMBERS if not hasattr(store, m)]
+        raise TypeError(
+            f"{type(store).__name__} is not a complete idem_assets Backend: it lacks {missing}."
+            " Fix: implement them (idem_assets/lib/backends/protocol.py says what each does)."
+        )
     # Not isinstance(DuckDBPyConnection): wrapped connections (cursors, proxies) count too.
-    return store if isinstance(store, Backend) else DuckDBBackend(store)  # type: ignore[arg-type]
+    return DuckDBBackend(store)  # type: ignore[arg-type]
+
+
+_BACKEND_MEMBERS = sorted(
+    name for name in vars(Backend) if not name.startswith("_") and callable(vars(Backend)[name])
+)
 
 
 def publish(
@@ -88,7 +103,7 @@ def publish(
     where = f"asset '{settings.asset}'"
     if window:
         where += f", partition {window.describe()}"
-    refuse_repeated_names(batch.column_names, where)
+    refuse_repeated_names(batch.column_names, where, backend.engine)
     with backend.transaction(where):
         result = _publish_in_transaction(backend, batch, settings, window, where, now, hook)
         hook("before_commit")
@@ -127,6 +142,8 @@ def _publish_in_transaction(
     on_stage("guards_passed")
     if target.owner is None:
         backend.claim(settings)
+    if scope.staged.changes:
+        backend.evolve(scope.settings, scope.staged.changes)
     if scope.settings.mode == "merge":
         written = backend.merge(scope, on_stage)
     else:

@@ -15,6 +15,15 @@ from idem_assets.lib.errors import ConfigurationError
 from idem_assets.lib.identifiers import validate_identifier
 
 WriteMode = Literal["overwrite", "merge"]
+#: What a publish may change in its table's schema by itself: nothing (the default), add the
+#: batch's new columns as nullable, widen a column's type where every stored value fits, or both.
+SchemaEvolution = Literal["strict", "add_columns", "widen_types", "add_columns_and_widen_types"]
+SCHEMA_EVOLUTIONS: tuple[SchemaEvolution, ...] = (
+    "strict",
+    "add_columns",
+    "widen_types",
+    "add_columns_and_widen_types",
+)
 
 #: Metadata keys this library reads; anything else in an asset's metadata is left alone.
 PARTITION_EXPR = "partition_expr"
@@ -24,6 +33,7 @@ DELETE_MISSING = "delete_missing"
 ALLOW_EMPTY = "allow_empty"
 ALLOW_RUNTIME_COLUMNS = "allow_runtime_columns"
 SCHEMA = "schema"
+SCHEMA_EVOLUTION = "schema_evolution"
 
 #: The schema of an asset whose key has no prefix and whose IO manager names none.
 DEFAULT_SCHEMA = "main"
@@ -43,6 +53,17 @@ class WriteSettings:
     delete_missing: bool
     allow_empty: bool
     allow_runtime_columns: tuple[str, ...]
+    schema_evolution: SchemaEvolution = "strict"
+
+    @property
+    def adds_columns(self) -> bool:
+        """Whether a publish adds the batch's new columns to the table."""
+        return self.schema_evolution in ("add_columns", "add_columns_and_widen_types")
+
+    @property
+    def widens_types(self) -> bool:
+        """Whether a publish widens a column whose type cannot hold the batch's values."""
+        return self.schema_evolution in ("widen_types", "add_columns_and_widen_types")
 
 
 def _raw(value: Any) -> Any:
@@ -74,6 +95,21 @@ def _flag(metadata: Mapping[str, Any], key: str, default: bool, asset: str) -> b
         raise ConfigurationError(
             f"Asset '{asset}': metadata '{key}' must be True or False, got {value!r}."
             f" Fix: metadata={{'{key}': {default}}}."
+        )
+    return value
+
+
+def schema_evolution(value: Any, asset: str) -> SchemaEvolution:
+    """The ``schema_evolution`` metadata, one of :data:`SCHEMA_EVOLUTIONS` (``strict`` unset)."""
+    value = _raw(value)
+    if value is None:
+        return "strict"
+    if value not in SCHEMA_EVOLUTIONS:
+        allowed = ", ".join(repr(v) for v in SCHEMA_EVOLUTIONS)
+        raise ConfigurationError(
+            f"Asset '{asset}': metadata '{SCHEMA_EVOLUTION}' must be one of {allowed}, got"
+            f" {value!r}. Fix: metadata={{'{SCHEMA_EVOLUTION}': 'add_columns'}} to let a publish"
+            " add the batch's new columns, or leave it out to refuse every schema change."
         )
     return value
 
@@ -158,4 +194,5 @@ def resolve_settings(
         delete_missing=_flag(md, DELETE_MISSING, True, asset),
         allow_empty=_flag(md, ALLOW_EMPTY, False, asset),
         allow_runtime_columns=_column_list(md, ALLOW_RUNTIME_COLUMNS, asset, "['loaded_at']"),
+        schema_evolution=schema_evolution(md.get(SCHEMA_EVOLUTION), asset),
     )

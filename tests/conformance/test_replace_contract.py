@@ -307,3 +307,46 @@ def _failure(result: dg.ExecuteInProcessResult) -> str:
     data = failed[0].step_failure_data
     assert data is not None and data.error is not None
     return data.error.to_string()
+
+
+EVOLVING: dict[str, Any] = {**EVENTS, "schema_evolution": "add_columns"}
+
+
+@pytest.mark.parametrize("io_manager", ["io_manager", "merge_io_manager"])
+def test_an_opted_in_new_column_is_added_with_the_publish(store: Store, io_manager: str) -> None:
+    """dagster-io/dagster#13098: a new column, opted into, needs no manual migration."""
+    fill(store, io_manager)
+
+    drifted = asset(_drifted, io_manager=io_manager, metadata=EVOLVING)
+    materialize(store, [drifted], ALL_DAYS[1])
+    after = store.snapshot()
+    materialize(store, [drifted], ALL_DAYS[1])
+
+    stored = store.rows("events")
+    assert len(stored) == 3000 and {len(r) for r in stored} == {4}
+    tips = {day: {r[3] for r in stored if r[1].date().isoformat() == day} for day in ALL_DAYS}
+    assert tips == {ALL_DAYS[0]: {None}, ALL_DAYS[1]: {1.0}, ALL_DAYS[2]: {None}}
+    assert store.snapshot() == after
+
+
+def test_a_crash_after_the_schema_change_leaves_the_old_columns(store: Store) -> None:
+    """The ALTER is part of the publish's transaction: a crash after it rolls it back too."""
+    fill(store)
+    before = store.snapshot()
+    batch = events(ALL_DAYS[1]).append_column("tip", pa.array([1.0] * 1000))
+
+    def crash(reached: str) -> None:
+        if reached == "deleted":
+            raise KeyboardInterrupt(reached)
+
+    with store.open() as backend, pytest.raises(KeyboardInterrupt):
+        ia.publish(
+            backend,
+            batch,
+            settings("overwrite", EVOLVING, table="events"),
+            window(ALL_DAYS[1]),
+            now=NOW,
+            on_stage=crash,
+        )
+    assert store.snapshot() == before
+    assert {len(r) for r in store.rows("events")} == {3}

@@ -8,6 +8,7 @@ from typing import Any
 import dagster as dg
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 import idem_assets as ia
 from idem_assets.lib.batches import to_arrow
@@ -17,6 +18,8 @@ __all__ = ["DAILY", "NOW", "TRIPS_METADATA", "settings", "window"]
 
 DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
 ROWS_PER_DAY = 1000
+OVERWRITE_MD: dict[str, Any] = {"partition_expr": "pickup_at"}
+MERGE_MD: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id"]}
 
 
 def day_start(day: str) -> datetime:
@@ -183,3 +186,61 @@ def count(conn: duckdb.DuckDBPyConnection, table: str = "trips", day: str | None
 def read(db: Path) -> duckdb.DuckDBPyConnection:
     """A connection to the database file (close it before the next Dagster run writes)."""
     return duckdb.connect(str(db))
+
+
+def fingerprints(db: Path) -> dict[str, Any]:
+    """Every table of the file with its column types and (count, hash sum) of its rows."""
+    with read(db) as conn:
+        tables = conn.execute(
+            "SELECT schema_name, table_name FROM duckdb_tables() ORDER BY ALL"
+        ).fetchall()
+        state: dict[str, Any] = {}
+        for schema, table in tables:
+            name = f'"{schema}"."{table}"'
+            types = conn.execute(f"DESCRIBE {name}").fetchall()
+            state[name] = (
+                types,
+                conn.execute(f"SELECT count(*), sum(hash(COLUMNS(*))) FROM {name}").fetchall(),
+            )
+        return state
+
+
+def batch_asset(
+    batches: Callable[[str], Any], io_manager: str = "overwrite_io_manager", **kwargs: Any
+) -> dg.AssetsDefinition:
+    """A daily asset returning ``batches(partition_key)``; ``kwargs`` go to ``dg.asset``."""
+    kwargs.setdefault("name", "trips")
+    kwargs.setdefault(
+        "metadata", OVERWRITE_MD if io_manager == "overwrite_io_manager" else MERGE_MD
+    )
+
+    def compute(context: dg.AssetExecutionContext) -> Any:
+        return batches(context.partition_key)
+
+    return dg.asset(partitions_def=DAILY, io_manager_key=io_manager, **kwargs)(compute)
+
+
+def fares(values: list[Any], arrow_type: pa.DataType) -> Callable[[str], pa.Table]:
+    """Batches of one trip per value, hourly from the partition's start, with ``fare`` typed.
+
+    Trip ids are the day of the month times 100 plus the trip's place, unique across days.
+    """
+
+    def batch(key: str) -> pa.Table:
+        start = datetime.fromisoformat(key)
+        return pa.table(
+            {
+                "trip_id": pa.array([start.day * 100 + i for i in range(len(values))], pa.int64()),
+                "pickup_at": pa.array(
+                    [start + timedelta(hours=i) for i in range(len(values))], pa.timestamp("us")
+                ),
+                "fare": pa.array(values, arrow_type),
+            }
+        )
+
+    return batch
+
+
+def two_days(first: Callable[[str], pa.Table], second: Callable[[str], pa.Table]) -> Any:
+    """``first``'s batch for 2026-01-01, ``second``'s for every other day."""
+    return lambda key: first(key) if key == "2026-01-01" else second(key)

@@ -7,7 +7,6 @@ library's own names, lossless type widening and per-day metadata of a chunk.
 
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,43 +20,24 @@ import pytest
 import idem_assets as ia
 from tests.helpers import range_tags
 
-from . import DAILY, count, output_metadata, read, resources, rows, run, trips, trips_asset
+from . import (
+    MERGE_MD,
+    OVERWRITE_MD,
+    batch_asset,
+    count,
+    fares,
+    fingerprints,
+    output_metadata,
+    read,
+    resources,
+    rows,
+    run,
+    trips,
+    trips_asset,
+    two_days,
+)
 
-OVERWRITE_MD: dict[str, Any] = {"partition_expr": "pickup_at"}
-MERGE_MD: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id"]}
 RANGE = ("2026-01-01", "2026-01-03")
-
-
-def fingerprints(db: Path) -> dict[str, Any]:
-    """Every table of the file with its column types and (count, hash sum) of its rows."""
-    with read(db) as conn:
-        tables = conn.execute(
-            "SELECT schema_name, table_name FROM duckdb_tables() ORDER BY ALL"
-        ).fetchall()
-        state: dict[str, Any] = {}
-        for schema, table in tables:
-            name = f'"{schema}"."{table}"'
-            types = conn.execute(f"DESCRIBE {name}").fetchall()
-            state[name] = (
-                types,
-                conn.execute(f"SELECT count(*), sum(hash(COLUMNS(*))) FROM {name}").fetchall(),
-            )
-        return state
-
-
-def batch_asset(
-    batches: Callable[[str], Any], io_manager: str = "overwrite_io_manager", **kwargs: Any
-) -> dg.AssetsDefinition:
-    """A daily asset returning ``batches(partition_key)``; ``kwargs`` go to ``dg.asset``."""
-    kwargs.setdefault("name", "trips")
-    kwargs.setdefault(
-        "metadata", OVERWRITE_MD if io_manager == "overwrite_io_manager" else MERGE_MD
-    )
-
-    def compute(context: dg.AssetExecutionContext) -> Any:
-        return batches(context.partition_key)
-
-    return dg.asset(partitions_def=DAILY, io_manager_key=io_manager, **kwargs)(compute)
 
 
 def plain_asset(value: Callable[[], Any], **kwargs: Any) -> dg.AssetsDefinition:
@@ -318,26 +298,6 @@ def test_an_asset_may_have_any_name_the_library_uses_inside(tmp_path: Path, name
 
 
 # 7. Type widening ---------------------------------------------------------------------------------
-
-
-def fares(values: list[Any], arrow_type: pa.DataType) -> Callable[[str], pa.Table]:
-    def batch(key: str) -> pa.Table:
-        start = datetime.fromisoformat(key)
-        return pa.table(
-            {
-                "trip_id": pa.array(range(len(values)), pa.int64()),
-                "pickup_at": pa.array(
-                    [start + timedelta(hours=i) for i in range(len(values))], pa.timestamp("us")
-                ),
-                "fare": pa.array(values, arrow_type),
-            }
-        )
-
-    return batch
-
-
-def two_days(first: Callable[[str], pa.Table], second: Callable[[str], pa.Table]) -> Any:
-    return lambda key: first(key) if key == "2026-01-01" else second(key)
 
 
 @pytest.mark.parametrize(

@@ -135,3 +135,24 @@ def test_date_partition_column(conn: duckdb.DuckDBPyConnection) -> None:
         (1, datetime(2026, 1, 2).date()),
         (2, datetime(2026, 1, 2).date()),
     ]
+
+
+class OlderBackend:
+    """A backend written before the protocol gained ``evolve``: everything else is there."""
+
+    engine = "Older"
+
+    def __getattr__(self, name: str) -> object:
+        if name == "evolve":
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
+def test_an_incomplete_backend_is_named_not_taken_for_a_duckdb_connection() -> None:
+    with pytest.raises(TypeError) as refused:
+        publish(OlderBackend(), trips("2026-01-01", 2), settings(), ["2026-01-01"])  # type: ignore[arg-type]
+
+    assert str(refused.value) == (
+        "OlderBackend is not a complete idem_assets Backend: it lacks ['evolve']. Fix: implement"
+        " them (idem_assets/lib/backends/protocol.py says what each does)."
+    )

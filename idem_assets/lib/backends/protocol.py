@@ -6,7 +6,7 @@ fingerprints and loads. A new engine is one module implementing :class:`Backend`
 factory in ``tests/conformance/conftest.py``.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -15,6 +15,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from idem_assets.lib.schema_fit import SchemaChange
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import Bound, WriteWindow
 
@@ -42,6 +43,9 @@ class Staged:
     settings: WriteSettings
     #: The stored partition column's type (window bounds depend on it), or ``None``.
     partition_type: pa.DataType | None
+    #: The schema changes the asset opted into that this batch needs (``schema_fit``); the
+    #: relation is already cast to the changed types, the table is changed by ``evolve``.
+    changes: tuple[SchemaChange, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ class Backend(Protocol):
 
     def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
         """The table's columns as Arrow types, or ``None`` when there is no table."""
+        ...
+
+    def evolve(self, settings: WriteSettings, changes: Sequence[SchemaChange]) -> None:
+        """Add the columns and widen the types of ``changes``, inside the publish transaction."""
         ...
 
     def count_window(self, scope: Scope) -> Counts:
