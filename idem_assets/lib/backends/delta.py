@@ -131,7 +131,8 @@ def with_day(batch: pa.Table, column: str | None) -> pa.Table:
     values = batch.column(column)
     if not pa.types.is_date32(values.type):
         # Arrow keeps instants in UTC: the cast takes an aware timestamp's UTC date.
-        values = pc.cast(pc.floor_temporal(values, unit="day"), pa.date32())
+        days = pc.floor_temporal(values, unit="day")  # pyright: ignore[reportAttributeAccessIssue]
+        values = pc.cast(days, pa.date32())
     return batch.append_column(pa.field(DAY_COLUMN, pa.date32()), values)
 
 
@@ -332,7 +333,7 @@ class DeltaBackend:
         uri = self.uri(settings.schema, settings.table)
         return (
             f"deltalake.DeltaTable({uri!r}).alter.set_table_properties("
-            f"{{{OWNER_PROPERTY!r}: {settings.asset!r}}})"
+            f"{{{OWNER_PROPERTY!r}: {settings.asset!r}}}, raise_if_not_exists=False)"
         )
 
     def _prepared(self, scope: Scope) -> tuple[pa.Table, pa.DataType | None]:
