@@ -46,6 +46,7 @@ DAY_COLUMN = "idem-day"
 #: The table property naming the asset that owns the table.
 OWNER_PROPERTY = "idem_assets.owner"
 _TARGET_PREFIX = "idem-target-"
+_PRUNABLE_KEY_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "VARCHAR", "DATE"}
 _ARROW_UNITS = {"s": "Second", "ms": "Millisecond", "us": "Microsecond", "ns": "Nanosecond"}
 
 
@@ -272,9 +273,11 @@ class DeltaBackend:
         table: DeltaTable,
         partitioned: bool,
         spans: Sequence[tuple[Bound, Bound]] | None,
+        pruning: list[list[tuple[str, str, Any]]] | None = None,
     ) -> str:
         """Register ``table`` (only the window's days' files when ``spans``) in the evaluator."""
-        pruning = day_filter(spans) if spans and partitioned else None
+        if spans and partitioned:
+            pruning = day_filter(spans)
         dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)  # type: ignore[arg-type]
         name = _TARGET_PREFIX + uuid.uuid4().hex
         self._db().register(name, dataset)
@@ -285,10 +288,69 @@ class DeltaBackend:
         assert snap.table is not None
         return self._register(snap.table, snap.partitioned, None if whole else scope.spans)
 
+    def _files(self) -> pa.Table:
+        """The snapshot's data files with their row counts and column statistics."""
+        snap = self._current()
+        assert snap.table is not None
+        return pa.table(snap.table.get_add_actions(flatten=True))  # type: ignore[arg-type]
+
+    def _counted_from_statistics(self, scope: Scope) -> Counts | None:
+        """The window's row counts from the files' statistics, or ``None`` if a scan must tell.
+
+        A file whose partition values all lie inside one partition of the window counts whole,
+        one whose values all lie outside counts nothing; any other file needs its rows read.
+        """
+        files, pcol = self._files(), scope.pcol
+        needed = {"num_records", f"min.{pcol}", f"max.{pcol}"}
+        if pcol is None or not needed <= set(files.column_names):
+            return None
+        parts = scope.bounds or [(None, start, end) for start, end in scope.spans]
+        counts: Counts = {}
+        rows = files.column("num_records").to_pylist()
+        lows = files.column(f"min.{pcol}").to_pylist()
+        highs = files.column(f"max.{pcol}").to_pylist()
+        # Delta keeps timestamp statistics in milliseconds, truncated: the true maximum lies
+        # below the recorded one plus a millisecond.
+        slack = (
+            timedelta(milliseconds=1) if isinstance(highs[0] if highs else None, datetime) else None
+        )
+        for n, low, high in zip(rows, lows, highs, strict=True):
+            if n is None or low is None or high is None:
+                return None
+            above = high + slack if slack else high + timedelta(days=1)
+            inside = [k for k, start, end in parts if start <= low and above <= end]
+            if inside:
+                counts[inside[0]] = counts.get(inside[0], 0) + n
+            elif any(above > start and low < end for _, start, end in parts):
+                return None
+        if not scope.bounds:
+            return {None: counts.get(None, 0)}
+        return counts
+
+    def _key_pruning(self, scope: Scope) -> list[list[tuple[str, str, Any]]] | None:
+        """Files whose key statistics may hold a key of the batch: the batch's key ranges."""
+        conn, source = self._db(), scope.staged.relation
+        types = {r[0]: r[1] for r in conn.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        # Integers, text and dates compare in file statistics exactly as in the batch.
+        usable = [k for k in scope.key if types.get(k) in _PRUNABLE_KEY_TYPES]
+        if not usable:
+            return None
+        ranges = ", ".join(f"min({quote(k)}), max({quote(k)})" for k in usable)
+        found = conn.execute(f"SELECT {ranges} FROM {source}").fetchall()[0]
+        if any(v is None for v in found):
+            return None
+        conjunction: list[tuple[str, str, Any]] = []
+        for i, k in enumerate(usable):
+            conjunction += [(k, ">=", found[2 * i]), (k, "<=", found[2 * i + 1])]
+        return [conjunction]
+
     def count_window(self, scope: Scope) -> Counts:
         """Rows the window holds in the snapshot: per partition of a range."""
         if not scope.table_exists:
             return {}
+        counted = self._counted_from_statistics(scope)
+        if counted is not None:
+            return counted
         target, conn = self._target(scope), self._db()
         if scope.bounds and scope.pcol:
             q, p = sql.count_by_partition(target, scope.pcol, scope.bounds)
@@ -301,7 +363,10 @@ class DeltaBackend:
         if scope.settings.mode != "merge" or not scope.table_exists:
             return {}, 0
         conn, key, pcol = self._db(), scope.key, scope.pcol
-        target, source = self._target(scope, whole=True), scope.staged.relation
+        snap = self._current()
+        assert snap.table is not None
+        target = self._register(snap.table, snap.partitioned, None, self._key_pruning(scope))
+        source = scope.staged.relation
         if scope.bounds and pcol:
             q, p = sql.matched_by_partition(target, source, key, pcol, scope.bounds)
             matched: Counts = dict(conn.execute(q, p).fetchall())
