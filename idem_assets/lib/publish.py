@@ -18,7 +18,6 @@ import pyarrow as pa
 
 from idem_assets.lib import guards
 from idem_assets.lib.backends.duckdb import DuckDBBackend
-from idem_assets.lib.backends.duckdb_columns import refuse_repeated_names
 from idem_assets.lib.backends.protocol import (
     Backend,
     CommitConflict,
@@ -29,6 +28,7 @@ from idem_assets.lib.backends.protocol import (
 )
 from idem_assets.lib.errors import ConcurrentWriteError
 from idem_assets.lib.runtime_values import check_runtime_values
+from idem_assets.lib.schema_fit import refuse_repeated_names
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, partition_bounds, spans_for
 
@@ -102,7 +102,7 @@ def publish(
     where = f"asset '{settings.asset}'"
     if window:
         where += f", partition {window.describe()}"
-    refuse_repeated_names(batch.column_names, where)
+    refuse_repeated_names(batch.column_names, where, backend.engine)
     for attempt in range(1, attempts + 1):
         try:
             with backend.transaction(where):
