@@ -6,7 +6,7 @@ import json
 import re
 import subprocess
 import sys
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -357,3 +357,44 @@ def test_a_commit_that_keeps_losing_is_refused_after_its_attempts(tmp_path: Path
     assert stored(root) == expected(
         events(ALL_DAYS[0]), events(ALL_DAYS[1], version=others[-1]), events(ALL_DAYS[2])
     )
+
+
+# Types: the schema fit with Delta's dialect ---------------------------------------------------
+
+
+def test_a_new_table_stores_deltas_types_and_later_batches_fit_them(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    day = ALL_DAYS[0]
+    start = datetime.fromisoformat(day)
+    nanos = int(start.replace(tzinfo=UTC).timestamp()) * 10**9
+    first = pa.table(
+        {
+            "event_id": pa.array([1, 2], pa.uint32()),
+            # The second one 1,500 nanoseconds after the first.
+            "event_at": pa.array([nanos, nanos + 1500], pa.int64()).cast(pa.timestamp("ns")),
+            "amount": pa.array([1.0, 2.0], pa.float32()),
+        }
+    )
+    publish(root, first, "overwrite", day)
+    table = DeltaTable(f"{root}/main/events")
+    stored_types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
+    assert stored_types == {
+        "event_id": pa.int64(),
+        "event_at": pa.timestamp("us"),
+        "amount": pa.float32(),
+        DAY_COLUMN: pa.date32(),
+    }
+    # Nanoseconds floored to the stored microseconds.
+    assert stored(root) == [(1, start, 1.0), (2, start + timedelta(microseconds=1), 2.0)]
+
+    narrower = first.set_column(0, "event_id", pa.array([1, 2], pa.int16()))
+    publish(root, narrower, "overwrite", day)
+    assert len(stored(root)) == 2
+
+    drifted = first.set_column(2, "amount", pa.array(["1", "2"]))
+    with pytest.raises(ia.SchemaMismatchError) as refused:
+        publish(root, drifted, "overwrite", day)
+    text = str(refused.value)
+    assert "types that cannot hold every batch value [amount: table FLOAT, batch STRING]" in text
+    assert "ALTER TABLE main.events ALTER COLUMN amount TYPE STRING" in text
+    assert len(stored(root)) == 2

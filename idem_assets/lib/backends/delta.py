@@ -1,8 +1,10 @@
 """The Delta Lake backend: one Delta commit per publish, decided by the engine-neutral guards.
 
 A Delta table has no multi-statement transaction: a write is one optimistic commit to its log.
-So the publish reads one snapshot of the table, the guards judge the staged batch against it in
-an embedded DuckDB (the batch and the window read from Delta registered as Arrow), and the write
+So the publish reads one snapshot of the table, fits the batch to it on Arrow types
+(:mod:`idem_assets.lib.schema_fit`, Delta's types in :mod:`.delta_types`), the guards judge the
+staged batch against it in an embedded DuckDB (the batch and the window read from Delta
+registered as Arrow), and the write
 itself is held back until the transaction ends, where it becomes exactly one commit: a predicate
 overwrite of the window (``>= start AND < end`` per span, typed literals), or one
 ``DeltaTable.merge``. A crash at any stage before that commit leaves the table at its old
@@ -21,7 +23,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -34,10 +36,11 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
-from idem_assets.lib.backends.duckdb import DuckDBBackend
+from idem_assets.lib.backends.delta_types import DELTA_TYPES
 from idem_assets.lib.backends.protocol import CommitConflict, Counts, Scope, Staged, Target
 from idem_assets.lib.identifiers import quote, validate_identifier
 from idem_assets.lib.samples import sample_text
+from idem_assets.lib.schema_fit import fit_columns, refuse_lossy_values, stored_batch
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import Bound, WriteWindow, spans_for
 
@@ -161,7 +164,6 @@ class DeltaBackend:
         self.version: int | None = None
         self.committed_uri: str | None = None
         self._conn: duckdb.DuckDBPyConnection | None = None
-        self._stager: DuckDBBackend | None = None
         self._snapshot: _Snapshot | None = None
         self._pending: Callable[[], None] | None = None
         self._write_batch: pa.Table | None = None
@@ -207,7 +209,7 @@ class DeltaBackend:
                 except CommitFailedError as exc:
                     raise CommitConflict(str(exc).split("\n")[0]) from exc
         finally:
-            self._pending, self._snapshot, self._stager = None, None, None
+            self._pending, self._snapshot = None, None
             self._write_batch, self._written = None, None
             self.close()
 
@@ -229,26 +231,30 @@ class DeltaBackend:
         return Target(exists=table is not None, owner=owner)
 
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
-        """Cast the batch as the table stores it (DuckDB's casts and rounding), or refuse it."""
-        conn, snap = self._db(), self._current()
-        # The DuckDB backend's staging judges the batch against an empty twin of the table.
-        if snap.schema is not None:
-            twin = f"idem-twin-{uuid.uuid4().hex}"
-            conn.register(twin, snap.schema.empty_table())
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(settings.schema)}")
-            conn.execute(
-                f"CREATE TABLE {quote(settings.schema)}.{quote(settings.table)} AS"
-                f" SELECT * FROM {quote(twin)}"
-            )
-            conn.unregister(twin)
-        self._stager = DuckDBBackend(conn)
-        self._stager.describe(settings)
-        staged = self._stager.stage(batch, settings, where)
-        if staged.relation.startswith('"' + "idem-batch-"):
-            self._write_batch = batch
-        else:
-            self._write_batch = conn.sql(f"SELECT * FROM {staged.relation}").to_arrow_table()
-        return staged
+        """Fit the batch to the table (schema_fit), cast it in Arrow, register it for the guards."""
+        snap = self._current()
+        table = {f.name: f.type for f in snap.schema} if snap.schema is not None else None
+        fits = fit_columns(settings, where, batch.schema, table, DELTA_TYPES)
+        refuse_lossy_values(batch, fits, settings, where, DELTA_TYPES)
+        unchanged = all(f.name == f.stored_name and f.type == f.stored_type for f in fits)
+        # Timestamps are floored to microseconds: a floor never moves a row across a window
+        # bound, so the guards judge exactly the rows Delta stores.
+        stored = batch if unchanged else stored_batch(batch, fits)
+        self._write_batch = stored
+        name = _TARGET_PREFIX + uuid.uuid4().hex
+        self._db().register(name, stored)
+        spelt = {f.name.lower(): f.stored_name for f in fits}
+        pcol = settings.partition_expr
+        spelt_settings = replace(
+            settings,
+            partition_expr=spelt[pcol.lower()] if pcol else None,
+            primary_key=tuple(spelt[k.lower()] for k in settings.primary_key),
+            dedupe_order_by=tuple(spelt[k.lower()] for k in settings.dedupe_order_by),
+        )
+        ptype = next(
+            (f.stored_type for f in fits if f.stored_name == spelt_settings.partition_expr), None
+        )
+        return Staged(relation=quote(name), settings=spelt_settings, partition_type=ptype)
 
     def _current(self) -> _Snapshot:
         if self._snapshot is None:
@@ -256,9 +262,7 @@ class DeltaBackend:
         return self._snapshot
 
     def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
-        """Refuse rows the stored precision moves out of the window."""
-        if self._stager is not None:
-            self._stager.refuse_rounded_out(scope, rows)
+        """Nothing to refuse: staging floors to the stored unit, which keeps rows in the window."""
 
     def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
         """The table's columns as Arrow types (without the derived day), or ``None``."""
