@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
@@ -164,6 +164,8 @@ class DeltaBackend:
         self.version: int | None = None
         self.committed_uri: str | None = None
         self._conn: duckdb.DuckDBPyConnection | None = None
+        self._names: list[str] = []
+        self._views: list[str] = []
         self._snapshot: _Snapshot | None = None
         self._pending: Callable[[], None] | None = None
         self._write_batch: pa.Table | None = None
@@ -176,26 +178,38 @@ class DeltaBackend:
         self.close()
 
     def close(self) -> None:
-        """Close the embedded DuckDB."""
-        if self._conn is not None:
+        """Drop what this backend registered in the embedded DuckDB, and close its cursor."""
+        if self._conn is None:
+            return
+        try:
+            for view in self._views:
+                self._conn.execute(f"DROP VIEW IF EXISTS {view}")
+            for name in self._names:
+                self._conn.unregister(name)
+        finally:
             self._conn.close()
-            self._conn = None
+            self._conn, self._names, self._views = None, [], []
 
     def _db(self) -> duckdb.DuckDBPyConnection:
         if self._conn is None:
-            self._conn = duckdb.connect()
-            # TIMESTAMPTZ values read and cast as UTC, as DAY_COLUMN is computed.
-            self._conn.execute("SET TimeZone = 'UTC'")
+            self._conn = _evaluator().cursor()
         return self._conn
+
+    def _put(self, name: str, data: object) -> str:
+        """Register Arrow ``data`` in the evaluator under ``name``; returns it quoted."""
+        self._db().register(name, data)
+        self._names.append(name)
+        return quote(name)
 
     def uri(self, schema: str, table: str) -> str:
         """Where ``schema.table`` lives."""
         return table_uri(self.root, schema, table)
 
     def _open(self, uri: str) -> DeltaTable | None:
-        if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+        try:
+            return DeltaTable(uri, storage_options=self.storage_options)
+        except TableNotFoundError:
             return None
-        return DeltaTable(uri, storage_options=self.storage_options)
 
     @contextmanager
     def transaction(self, where: str) -> Iterator[None]:
@@ -241,8 +255,7 @@ class DeltaBackend:
         # bound, so the guards judge exactly the rows Delta stores.
         stored = batch if unchanged else stored_batch(batch, fits)
         self._write_batch = stored
-        name = _TARGET_PREFIX + uuid.uuid4().hex
-        self._db().register(name, stored)
+        relation = self._put(_TARGET_PREFIX + uuid.uuid4().hex, stored)
         spelt = {f.name.lower(): f.stored_name for f in fits}
         pcol = settings.partition_expr
         spelt_settings = replace(
@@ -254,7 +267,7 @@ class DeltaBackend:
         ptype = next(
             (f.stored_type for f in fits if f.stored_name == spelt_settings.partition_expr), None
         )
-        return Staged(relation=quote(name), settings=spelt_settings, partition_type=ptype)
+        return Staged(relation=relation, settings=spelt_settings, partition_type=ptype)
 
     def _current(self) -> _Snapshot:
         if self._snapshot is None:
@@ -283,9 +296,7 @@ class DeltaBackend:
         if spans and partitioned:
             pruning = day_filter(spans)
         dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)  # type: ignore[arg-type]
-        name = _TARGET_PREFIX + uuid.uuid4().hex
-        self._db().register(name, dataset)
-        return quote(name)
+        return self._put(_TARGET_PREFIX + uuid.uuid4().hex, dataset)
 
     def _target(self, scope: Scope, whole: bool = False) -> str:
         snap = self._current()
@@ -519,10 +530,9 @@ class DeltaBackend:
     def _after(self, scope: Scope, columns: list[str]) -> str:
         """A relation holding the window as the pending commit leaves it."""
         conn = self._db()
-        written = _TARGET_PREFIX + uuid.uuid4().hex
-        conn.register(written, self._written)
+        written = self._put(_TARGET_PREFIX + uuid.uuid4().hex, self._written)
         cols = ", ".join(quote(c) for c in columns)
-        relation = f"SELECT {cols} FROM {quote(written)}"
+        relation = f"SELECT {cols} FROM {written}"
         settings = scope.settings
         if settings.mode == "merge" and scope.table_exists and not settings.delete_missing:
             # An upsert keeps the window's rows whose key the batch does not hold.
@@ -530,10 +540,11 @@ class DeltaBackend:
             kept = ", ".join(f"t.{quote(c)}" for c in columns)
             relation += (
                 f" UNION ALL SELECT {kept} FROM {self._target(scope)} t"
-                f" ANTI JOIN {quote(written)} s ON {on}"
+                f" ANTI JOIN {written} s ON {on}"
             )
         name = quote(_TARGET_PREFIX + uuid.uuid4().hex)
         conn.execute(f"CREATE TEMP VIEW {name} AS {relation}")
+        self._views.append(name)
         return name
 
     def fingerprint_table(
@@ -577,6 +588,22 @@ class DeltaBackend:
             where = f" WHERE {pred}"
         relation = self._db().sql(f"SELECT {columns} FROM {target}{where}{order}", params=params)
         return relation.to_arrow_table() if arrow else relation.df()
+
+
+_EVALUATOR: tuple[int, duckdb.DuckDBPyConnection] | None = None
+
+
+def _evaluator() -> duckdb.DuckDBPyConnection:
+    """The process's embedded DuckDB; each backend works in a cursor of its own."""
+    global _EVALUATOR
+    # Opening a database costs ~10 ms a publish; a cursor costs nothing. A forked child
+    # opens its own.
+    if _EVALUATOR is None or _EVALUATOR[0] != os.getpid():
+        conn = duckdb.connect()
+        # Aware timestamps in samples and messages read in UTC, as Delta stores them.
+        conn.execute("SET GLOBAL TimeZone = 'UTC'")
+        _EVALUATOR = (os.getpid(), conn)
+    return _EVALUATOR[1]
 
 
 def delta_tables(root: str) -> list[tuple[str, str]]:
