@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 import idem_assets as ia
-from idem_assets.lib.backends.delta import DAY_COLUMN, OWNER_PROPERTY, DeltaBackend, delta_tables
+from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, delta_tables, owner_of
 from idem_assets.lib.backends.duckdb import DuckDBBackend
 from idem_assets.lib.backends.protocol import Backend
 
@@ -87,13 +87,13 @@ def delta_store(directory: Path) -> Store:
         return sorted(zip(*stored.to_pydict().values(), strict=True))
 
     def snapshot() -> dict[str, str | None]:
-        # The owner is a table property: it is part of each table's record.
+        # The owner is the table's name: it is part of each table's record.
         found: dict[str, str | None] = {}
         with DeltaBackend(root) as backend:
             for schema, table in delta_tables(root):
-                owner = DeltaTable(backend.uri(schema, table)).metadata().configuration
+                owner = owner_of(DeltaTable(backend.uri(schema, table)))
                 fingerprint = ia.table_fingerprint(backend, schema, table)
-                found[f"{schema}.{table}"] = f"{fingerprint} {owner.get(OWNER_PROPERTY)}"
+                found[f"{schema}.{table}"] = f"{fingerprint} {owner}"
         return found
 
     return Store(

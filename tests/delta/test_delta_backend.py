@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 import idem_assets as ia
-from idem_assets.lib.backends.delta import DAY_COLUMN, OWNER_PROPERTY, DeltaBackend
+from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, owner_of
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, events
 from tests.helpers import DAILY, NOW, range_tags, settings, window
 
@@ -184,7 +184,7 @@ def test_a_table_of_another_asset_is_refused_and_the_printed_handover_works(
     resources = {"io_manager": ia.DeltaOverwriteIOManager(root=root, schema="main")}
     dg.materialize([region_events("us")], resources=resources, partition_key=ALL_DAYS[0])
     table = DeltaTable(f"{root}/main/events")
-    assert table.metadata().configuration[OWNER_PROPERTY] == "us/events"
+    assert owner_of(table) == "us/events"
     version = table.version()
     with pytest.raises(ia.ConfigurationError) as refused:
         dg.materialize([region_events("eu")], resources=resources, partition_key=ALL_DAYS[0])
@@ -196,8 +196,7 @@ def test_a_table_of_another_asset_is_refused_and_the_printed_handover_works(
     assert handover is not None
     exec(handover[1], {"deltalake": __import__("deltalake")})
     dg.materialize([region_events("eu")], resources=resources, partition_key=ALL_DAYS[0])
-    owner = DeltaTable(f"{root}/main/events").metadata().configuration[OWNER_PROPERTY]
-    assert owner == "eu/events"
+    assert owner_of(DeltaTable(f"{root}/main/events")) == "eu/events"
 
 
 # dagster-io/dagster#34064 and the range run: replayed on the column types that broke them ------
@@ -305,8 +304,9 @@ def test_writers_of_different_days_both_commit(tmp_path: Path, existing: bool) -
         publish(root, events(ALL_DAYS[0]), "overwrite", ALL_DAYS[0])
     found = race(root, tmp_path / "barrier", [(ALL_DAYS[1], 1), (ALL_DAYS[2], 2)])
     assert [f["outcome"] for f in found] == ["committed", "committed"], found
-    # Different days touch different files: no retry, unless both created the table at once.
-    assert sorted(f["attempts"] for f in found) == ([1, 1] if existing else [1, 2])
+    # Different days touch different files: no retry (creating the table at once, delta-rs may
+    # make the second creation an ordinary write, or refuse it, and the publish starts over).
+    assert sorted(f["attempts"] for f in found) in ([[1, 1]] if existing else [[1, 1], [1, 2]])
     kept = [events(ALL_DAYS[0])] if existing else []
     assert stored(root) == expected(
         *kept, events(ALL_DAYS[1], version=1), events(ALL_DAYS[2], version=2)

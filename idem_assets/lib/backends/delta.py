@@ -15,8 +15,9 @@ new version.
 Layout: ``<root>/<schema>/<table>``, partitioned by a derived day column (:data:`DAY_COLUMN`,
 the partition value's date, in UTC for time-zone-aware columns), so writers of different days
 touch different files and both commit. The column is the library's own: it never reaches a
-fingerprint, the schema checks or ``load_input``. The owning asset is a table property
-(:data:`OWNER_PROPERTY`), read with the snapshot before any write.
+fingerprint, the schema checks or ``load_input``. The owning asset is the table's name in its
+Delta metadata (:data:`OWNER_PREFIX` and the asset key), set by the commit that creates the
+table and read with the snapshot before any write.
 """
 
 import os
@@ -32,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
@@ -46,8 +47,8 @@ from idem_assets.lib.windows import Bound, WriteWindow, spans_for
 
 #: The derived partition column; not a plain identifier, so no user column can be called so.
 DAY_COLUMN = "idem-day"
-#: The table property naming the asset that owns the table.
-OWNER_PROPERTY = "idem_assets.owner"
+#: The table's name (Delta metadata) is this prefix and the asset key of the table's owner.
+OWNER_PREFIX = "idem_assets:"
 _TARGET_PREFIX = "idem-target-"
 _PRUNABLE_KEY_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "VARCHAR", "DATE"}
 _ARROW_UNITS = {"s": "Second", "ms": "Millisecond", "us": "Microsecond", "ns": "Nanosecond"}
@@ -118,6 +119,12 @@ def window_predicate(
             ]
         parts.append("(" + " AND ".join(conjuncts) + ")")
     return "(" + " OR ".join(parts) + ")"
+
+
+def owner_of(table: DeltaTable) -> str | None:
+    """The asset that owns ``table``, from its name; ``None`` for a table of another writer."""
+    name = table.metadata().name
+    return name[len(OWNER_PREFIX) :] if name and name.startswith(OWNER_PREFIX) else None
 
 
 def day_filter(spans: Sequence[tuple[Bound, Bound]]) -> list[list[tuple[str, str, Any]]]:
@@ -240,7 +247,7 @@ class DeltaBackend:
             full = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
             partitioned = DAY_COLUMN in table.metadata().partition_columns
             schema = pa.schema([f for f in full if f.name != DAY_COLUMN])
-            owner = table.metadata().configuration.get(OWNER_PROPERTY)
+            owner = owner_of(table)
         self._snapshot = _Snapshot(uri, table, schema, partitioned)
         return Target(exists=table is not None, owner=owner)
 
@@ -402,19 +409,17 @@ class DeltaBackend:
         return sample_text(self._db(), q, p)
 
     def claim(self, settings: WriteSettings) -> None:
-        """Record the owner in the commit that first writes the table (see :meth:`_commit`)."""
+        """Nothing yet: the commit that creates the table names its owner (:meth:`_create`)."""
 
     def owners_text(self) -> str:
         """Where the owner is recorded."""
-        return f"the table property '{OWNER_PROPERTY}'"
+        return f"the table's name ('{OWNER_PREFIX}<asset key>')"
 
     def handover_text(self, settings: WriteSettings) -> str:
         """Code that hands ``settings.table`` over to ``settings.asset``."""
         uri = self.uri(settings.schema, settings.table)
-        return (
-            f"deltalake.DeltaTable({uri!r}).alter.set_table_properties("
-            f"{{{OWNER_PROPERTY!r}: {settings.asset!r}}}, raise_if_not_exists=False)"
-        )
+        name = OWNER_PREFIX + settings.asset
+        return f"deltalake.DeltaTable({uri!r}).alter.set_table_name({name!r})"
 
     def _prepared(self, scope: Scope) -> tuple[pa.Table, pa.DataType | None]:
         """The batch to write (stored names and types, with the day) and the partition type."""
@@ -436,12 +441,12 @@ class DeltaBackend:
         self._written = data
 
         def commit() -> None:
-            table = self._create(scope, snap, data)
-            if predicate is None:
-                write_deltalake(table, data, mode="overwrite")
-            else:
-                write_deltalake(table, data, mode="overwrite", predicate=predicate)
-            self.version, self.committed_uri = table.version(), snap.uri
+            if snap.table is None:
+                self._create(scope, snap, data, predicate)
+                return
+            self._claim(scope, snap.table)
+            write_deltalake(snap.table, data, mode="overwrite", predicate=predicate)
+            self.version, self.committed_uri = snap.table.version(), snap.uri
 
         self._pending = commit
         return batch.num_rows
@@ -466,48 +471,46 @@ class DeltaBackend:
         self._written = data
 
         def commit() -> None:
-            table = self._create(scope, snap, data)
-            if not scope.table_exists:
-                write_deltalake(table, data, mode="append")
-            else:
-                merger = (
-                    table.merge(data, on, source_alias="s", target_alias="t")
-                    .when_matched_update_all()
-                    .when_not_matched_insert_all()
-                )
-                if settings.delete_missing:
-                    merger = merger.when_not_matched_by_source_delete(window)
-                merger.execute()
+            table = snap.table
+            if table is None:
+                self._create(scope, snap, data, self._predicate(scope, ptype) if window else None)
+                return
+            self._claim(scope, table)
+            merger = (
+                table.merge(data, on, source_alias="s", target_alias="t")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+            )
+            if settings.delete_missing:
+                merger = merger.when_not_matched_by_source_delete(window)
+            merger.execute()
             self.version, self.committed_uri = table.version(), snap.uri
 
         self._pending = commit
         return data.num_rows
 
-    def _create(self, scope: Scope, snap: _Snapshot, data: pa.Table) -> DeltaTable:
-        """The snapshot's table; a new one is created, claimed, then written (three commits)."""
-        table = snap.table
-        if table is None:
-            partition_by = [DAY_COLUMN] if DAY_COLUMN in data.column_names else None
-            try:
-                table = DeltaTable.create(
-                    snap.uri,
-                    schema=data.schema,
-                    partition_by=partition_by,
-                    mode="error",
-                    storage_options=self.storage_options,
-                )
-            except DeltaError as exc:
-                if "exist" not in str(exc).lower():
-                    raise
-                # Another writer created it first: start over on its version.
-                raise CommitConflict(f"table {snap.uri} was created concurrently") from exc
-        if table.metadata().configuration.get(OWNER_PROPERTY) is None:
-            # delta-rs parses every property it is given as one of Delta's own, except here
-            # with raise_if_not_exists=False; so the claim is its own commit, before the data.
-            table.alter.set_table_properties(
-                {OWNER_PROPERTY: scope.settings.asset}, raise_if_not_exists=False
-            )
-        return table
+    def _create(self, scope: Scope, snap: _Snapshot, data: pa.Table, predicate: str | None) -> None:
+        """Create the table holding the batch, named after its owner: one commit.
+
+        A writer that created it first makes this commit fail (a concurrent metadata change),
+        and the publish starts over on that writer's table.
+        """
+        partition_by = [DAY_COLUMN] if DAY_COLUMN in data.column_names else None
+        write_deltalake(
+            snap.uri,
+            data,
+            mode="overwrite",
+            predicate=predicate,
+            partition_by=partition_by,
+            name=OWNER_PREFIX + scope.settings.asset,
+            storage_options=self.storage_options,
+        )
+        self.version, self.committed_uri = 0, snap.uri
+
+    def _claim(self, scope: Scope, table: DeltaTable) -> None:
+        """Name an existing table's owner (one of another writer's making) before writing it."""
+        if owner_of(table) is None:
+            table.alter.set_table_name(OWNER_PREFIX + scope.settings.asset)
 
     def fingerprints(self, scope: Scope) -> dict[str | None, tuple[int, int]]:
         """Count and hash sum of the window as the held-back commit leaves it.
