@@ -398,3 +398,43 @@ def test_a_new_table_stores_deltas_types_and_later_batches_fit_them(tmp_path: Pa
     assert "types that cannot hold every batch value [amount: table FLOAT, batch STRING]" in text
     assert "ALTER TABLE main.events ALTER COLUMN amount TYPE STRING" in text
     assert len(stored(root)) == 2
+
+
+# Windows finer than the day partition ---------------------------------------------------------
+
+HOURLY = dg.HourlyPartitionsDefinition(start_date="2026-01-01-00:00")
+
+
+def hour_rows(hour: int, version: int = 0) -> pa.Table:
+    start = datetime(2026, 1, 1, hour)
+    return pa.table(
+        {
+            "event_id": pa.array([hour * 100 + i for i in range(6)], pa.int64()),
+            "event_at": pa.array([start + timedelta(minutes=10 * i) for i in range(6)]),
+            "amount": pa.array([float(version)] * 6),
+        }
+    )
+
+
+def publish_hours(root: str, batch: pa.Table, *hours: int) -> ia.PublishResult:
+    keys = [f"2026-01-01-{h:02d}:00" for h in hours]
+    with DeltaBackend(root) as backend:
+        return ia.publish(
+            backend,
+            batch,
+            settings("overwrite", EVENTS, table="events"),
+            window(*keys, partitions=HOURLY),
+            now=NOW,
+        )
+
+
+def test_an_hour_inside_a_days_files_is_counted_and_replaced_alone(tmp_path: Path) -> None:
+    """Files holding several hours straddle the window: their rows are read, not their stats."""
+    root = str(tmp_path)
+    publish_hours(root, pa.concat_tables([hour_rows(h) for h in (1, 2, 3)]), 1, 2, 3)
+    result = publish_hours(root, hour_rows(2, version=1), 2)
+    assert (result.rows, result.inserted, result.deleted) == (6, 6, 6)
+    assert stored(root) == expected(hour_rows(1), hour_rows(2, version=1), hour_rows(3))
+
+    with pytest.raises(ia.EmptyBatchError, match="the window holds 6 rows"):
+        publish_hours(root, hour_rows(2).slice(0, 0), 2)
