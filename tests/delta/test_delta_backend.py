@@ -18,7 +18,11 @@ from deltalake import DeltaTable
 
 import idem_assets as ia
 from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, owner_of
-from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, events
+from tests.conformance.conftest import delta_store
+from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, REFUSALS, events
+from tests.conformance.test_replace_contract import asset as contract_asset
+from tests.conformance.test_replace_contract import fill as contract_fill
+from tests.conformance.test_replace_contract import materialize as contract_materialize
 from tests.helpers import DAILY, NOW, range_tags, settings, window
 
 REPO = Path(__file__).resolve().parents[2]
@@ -438,3 +442,24 @@ def test_an_hour_inside_a_days_files_is_counted_and_replaced_alone(tmp_path: Pat
 
     with pytest.raises(ia.EmptyBatchError, match="the window holds 6 rows"):
         publish_hours(root, hour_rows(2).slice(0, 0), 2)
+
+
+def files_of(root: str) -> dict[str, int]:
+    """Every file under ``root`` with its size: what "byte-identical" means for a lake."""
+    return {
+        str(p.relative_to(root)): p.stat().st_size for p in Path(root).rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_refusal_writes_no_file_and_no_version(tmp_path: Path, case: str) -> None:
+    """The commit is held back until every guard passed: a refused batch leaves no trace."""
+    source, io_manager, _ = REFUSALS[case]
+    store = delta_store(tmp_path)
+    contract_fill(store, io_manager)
+    before = files_of(str(tmp_path / "lake"))
+    result = contract_materialize(
+        store, [contract_asset(source, io_manager=io_manager)], ALL_DAYS[1], raise_on_error=False
+    )
+    assert not result.success
+    assert files_of(str(tmp_path / "lake")) == before
