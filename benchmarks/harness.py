@@ -259,6 +259,7 @@ def machine() -> dict[str, str]:
         "dagster",
         "dagster-duckdb",
         "dagster-duckdb-pandas",
+        "deltalake",
     ):
         facts[dist] = _version(dist)
     return facts

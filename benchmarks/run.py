@@ -19,6 +19,7 @@ from types import ModuleType
 
 from benchmarks import (
     bench_backfill,
+    bench_delta,
     bench_materialize,
     bench_memory,
     bench_merge,
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "backfill": bench_backfill,
     "scaling": bench_scaling,
     "memory": bench_memory,
+    "delta": bench_delta,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"
 

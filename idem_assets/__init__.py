@@ -14,6 +14,7 @@ from idem_assets.lib.connections import duckdb_connection
 from idem_assets.lib.data_versions import content_changed, record_data_version
 from idem_assets.lib.errors import (
     BlockingCheckError,
+    ConcurrentWriteError,
     ConfigurationError,
     DuplicateKeyError,
     EmptyBatchError,
@@ -26,7 +27,12 @@ from idem_assets.lib.errors import (
     SchemaMismatchError,
     StrayRowsError,
 )
-from idem_assets.lib.io_managers import DuckDBMergeIOManager, DuckDBOverwriteIOManager
+from idem_assets.lib.io_managers import (
+    DeltaMergeIOManager,
+    DeltaOverwriteIOManager,
+    DuckDBMergeIOManager,
+    DuckDBOverwriteIOManager,
+)
 from idem_assets.lib.outbox import (
     Delivery,
     DeliveryRecord,
@@ -44,10 +50,13 @@ __all__ = [
     "Batch",
     "BlockingCheckError",
     "Check",
+    "ConcurrentWriteError",
     "ConfigurationError",
     "Delivery",
     "DeliveryRecord",
     "DeliveryResult",
+    "DeltaMergeIOManager",
+    "DeltaOverwriteIOManager",
     "DuckDBMergeIOManager",
     "DuckDBOverwriteIOManager",
     "DuplicateKeyError",

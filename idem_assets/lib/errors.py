@@ -51,3 +51,7 @@ class MissingUpstreamError(IdempotencyError):
 
 class BlockingCheckError(IdempotencyError):
     """A blocking data-quality check failed on the staged batch, so nothing was published."""
+
+
+class ConcurrentWriteError(IdempotencyError):
+    """Every attempt's commit lost to a concurrent writer of the same window."""

@@ -135,8 +135,13 @@ def refuse_keys_elsewhere(scope: Scope, outside_keys: int, existing_sample: str)
     )
 
 
-def refuse_other_owner(settings: WriteSettings, where: str, owner: str, owners: str) -> None:
-    """Refuse to write a table another asset wrote first (``owners``: the owners table)."""
+def refuse_other_owner(
+    settings: WriteSettings, where: str, owner: str, owners: str, handover: str | None = None
+) -> None:
+    """Refuse to write a table another asset wrote first (``owners``: the owners table).
+
+    ``handover`` is the code that changes the owner where an ``UPDATE`` of ``owners`` does not.
+    """
     if owner == settings.asset:
         return
     target = f"{settings.schema}.{settings.table}"
@@ -156,7 +161,11 @@ def refuse_other_owner(settings: WriteSettings, where: str, owner: str, owners: 
         f"Refused to write {where}: table {target} belongs to asset '{owner}', which wrote it"
         f" first; two assets writing one table would replace each other's rows.{by_case}"
         f" Nothing was changed. Fix: give this asset a table of its own: {own_table}. If this"
-        f" asset replaces '{owner}' (a renamed asset), hand the table over first: UPDATE"
-        f" {owners} SET asset_key = '{settings.asset}' WHERE schema_key ="
-        f" '{settings.schema.lower()}' AND table_key = '{settings.table.lower()}'."
+        f" asset replaces '{owner}' (a renamed asset), hand the table over first: "
+        + (
+            handover
+            or f"UPDATE {owners} SET asset_key = '{settings.asset}' WHERE schema_key ="
+            f" '{settings.schema.lower()}' AND table_key = '{settings.table.lower()}'"
+        )
+        + "."
     )

@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 from pydantic import Field
 
+from idem_assets.lib.backends.delta import DeltaBackend
 from idem_assets.lib.backends.duckdb import DuckDBBackend
 from idem_assets.lib.backends.protocol import Backend
 from idem_assets.lib.batches import from_arrow, reads_arrow, to_arrow
@@ -49,6 +50,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
 
+    def _written_metadata(self, backend: Backend) -> dict[str, Any]:
+        """What the engine adds to a publish's metadata (e.g. the version it committed)."""
+        return {}
+
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
         metadata = out.definition_metadata if out is not None else {}
@@ -67,7 +72,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         batch = to_arrow(obj, settings.asset)
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
-        context.add_output_metadata(publish_metadata(result, settings, window))
+            written = self._written_metadata(backend)
+        context.add_output_metadata({**publish_metadata(result, settings, window), **written})
         record_data_version(context, result.fingerprint)
         # A range run yields one materialization per partition. Dagster copies the output
         # metadata onto each of them, so the day's own counts go on each one by key.
@@ -243,5 +249,51 @@ class DuckDBOverwriteIOManager(_DuckDBIOManager):
 
 class DuckDBMergeIOManager(_DuckDBIOManager):
     """Upserts the batch on 'primary_key' and deletes the window's stale rows in one transaction."""
+
+    mode: ClassVar[WriteMode] = "merge"
+
+
+class _DeltaIOManager(IdempotentIOManager):
+    """Opens the Delta Lake backend on a directory (or an object-store URI) of tables."""
+
+    root: str = Field(
+        description=(
+            "Where the Delta tables live: a local directory (created on first write) or an"
+            " object-store URI such as s3://bucket/warehouse. Table schema.table is stored at"
+            " <root>/<schema>/<table>."
+        ),
+    )
+    storage_options: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Options for object storage, passed to deltalake as storage_options (e.g."
+            " AWS_REGION, AWS_ENDPOINT_URL, and for S3 without conditional writes"
+            " AWS_S3_LOCKING_PROVIDER). Empty for a local directory."
+        ),
+    )
+
+    @contextmanager
+    def _backend(self) -> Iterator[DeltaBackend]:
+        with DeltaBackend(self.root, self.storage_options) as backend:
+            yield backend
+
+    def _location(self) -> str:
+        return self.root
+
+    def _written_metadata(self, backend: Backend) -> dict[str, Any]:
+        """The Delta version the publish committed, to time-travel to exactly what it wrote."""
+        if not isinstance(backend, DeltaBackend) or backend.version is None:
+            return {}
+        return {"delta_version": backend.version, "delta_table_uri": backend.committed_uri}
+
+
+class DeltaOverwriteIOManager(_DeltaIOManager):
+    """Replaces the run's partition window with the batch in one Delta commit."""
+
+    mode: ClassVar[WriteMode] = "overwrite"
+
+
+class DeltaMergeIOManager(_DeltaIOManager):
+    """Upserts the batch on 'primary_key' (stale rows of the window deleted) in one Delta merge."""
 
     mode: ClassVar[WriteMode] = "merge"

@@ -6,6 +6,8 @@ and fingerprint it, all in one transaction. It needs no Dagster context, so benc
 tests drive it directly.
 """
 
+import random
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -16,7 +18,15 @@ import pyarrow as pa
 
 from idem_assets.lib import guards
 from idem_assets.lib.backends.duckdb import DuckDBBackend
-from idem_assets.lib.backends.protocol import Backend, Counts, Scope, Target
+from idem_assets.lib.backends.protocol import (
+    Backend,
+    CommitConflict,
+    Counts,
+    HandsOver,
+    Scope,
+    Target,
+)
+from idem_assets.lib.errors import ConcurrentWriteError
 from idem_assets.lib.runtime_values import check_runtime_values
 from idem_assets.lib.schema_fit import refuse_repeated_names
 from idem_assets.lib.settings import WriteSettings
@@ -24,6 +34,9 @@ from idem_assets.lib.windows import PartitionWindow, WriteWindow, partition_boun
 
 #: The stages a publish passes, in order; ``on_stage`` is called at each.
 PUBLISH_STAGES = ("guards_passed", "deleted", "inserted", "before_commit")
+
+#: How many times a publish whose optimistic commit lost to a concurrent writer starts over.
+COMMIT_ATTEMPTS = 3
 
 #: An ``on_stage`` hook for every publish in this context that passes none, so a test can reach
 #: the publish inside an IO manager (``idem_assets.testing`` injects its crashes through it).
@@ -85,6 +98,7 @@ def publish(
     *,
     now: datetime | None = None,
     on_stage: Callable[[str], None] | None = None,
+    attempts: int = COMMIT_ATTEMPTS,
 ) -> PublishResult:
     """Check ``batch`` against every guard, then replace the window with it in one transaction.
 
@@ -104,10 +118,29 @@ def publish(
     if window:
         where += f", partition {window.describe()}"
     refuse_repeated_names(batch.column_names, where, backend.engine)
-    with backend.transaction(where):
-        result = _publish_in_transaction(backend, batch, settings, window, where, now, hook)
-        hook("before_commit")
-    return result
+    for attempt in range(1, attempts + 1):
+        try:
+            with backend.transaction(where):
+                result = _publish_in_transaction(backend, batch, settings, window, where, now, hook)
+                hook("before_commit")
+            return result
+        except CommitConflict as exc:
+            if attempt == attempts:
+                raise ConcurrentWriteError(_lost_every_commit(where, attempts, exc)) from exc
+            # Apart, so writers racing for one window do not collide again at once.
+            time.sleep(random.uniform(0.05, 0.2) * attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _lost_every_commit(where: str, attempts: int, exc: CommitConflict) -> str:
+    return (
+        f"Refused to write {where}: {attempts} attempts in a row lost their commit to a"
+        f" concurrent writer of the same window ({exc}). Each attempt was decided and written"
+        " against a version that writer had already replaced, so none was committed: the rows"
+        " are neither doubled nor lost. Nothing was changed. Fix: let one run write a partition"
+        " at a time (a concurrency pool on the asset, e.g. @dg.asset(pool='warehouse'), or no"
+        " overlapping backfills of the same days), then rerun the partition."
+    )
 
 
 def _no_stage(stage: str) -> None:
@@ -125,7 +158,8 @@ def _publish_in_transaction(
 ) -> PublishResult:
     target = backend.describe(settings)
     if target.owner is not None:
-        guards.refuse_other_owner(settings, where, target.owner, backend.owners_text())
+        handover = backend.handover_text(settings) if isinstance(backend, HandsOver) else None
+        guards.refuse_other_owner(settings, where, target.owner, backend.owners_text(), handover)
     scope = _scope(backend, batch, settings, window, where, target)
     evaluator = backend.evaluator()
     found = guards.profile(evaluator, scope)

@@ -13,8 +13,10 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 import pytest
+from deltalake import DeltaTable
 
 import idem_assets as ia
+from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, delta_tables, owner_of
 from idem_assets.lib.backends.duckdb import DuckDBBackend
 from idem_assets.lib.backends.protocol import Backend
 
@@ -70,7 +72,41 @@ def duckdb_store(directory: Path) -> Store:
     )
 
 
-FACTORIES: dict[str, Callable[[Path], Store]] = {"duckdb": duckdb_store}
+def delta_store(directory: Path) -> Store:
+    """The Delta Lake backend on a directory of tables."""
+    root = str(directory / "lake")
+
+    @contextmanager
+    def open_backend() -> Iterator[Backend]:
+        with DeltaBackend(root) as backend:
+            yield backend
+
+    def rows(table: str) -> list[tuple]:
+        stored = DeltaTable(f"{root}/main/{table}").to_pyarrow_table()
+        stored = stored.drop_columns([c for c in stored.column_names if c == DAY_COLUMN])
+        return sorted(zip(*stored.to_pydict().values(), strict=True))
+
+    def snapshot() -> dict[str, str | None]:
+        # The owner is the table's name: it is part of each table's record.
+        found: dict[str, str | None] = {}
+        with DeltaBackend(root) as backend:
+            for schema, table in delta_tables(root):
+                owner = owner_of(DeltaTable(backend.uri(schema, table)))
+                fingerprint = ia.table_fingerprint(backend, schema, table)
+                found[f"{schema}.{table}"] = f"{fingerprint} {owner}"
+        return found
+
+    return Store(
+        name="delta",
+        open=open_backend,
+        overwrite=lambda: ia.DeltaOverwriteIOManager(root=root),
+        merge=lambda: ia.DeltaMergeIOManager(root=root),
+        rows=rows,
+        snapshot=snapshot,
+    )
+
+
+FACTORIES: dict[str, Callable[[Path], Store]] = {"duckdb": duckdb_store, "delta": delta_store}
 
 
 @pytest.fixture(params=sorted(FACTORIES))

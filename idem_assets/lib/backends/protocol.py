@@ -154,5 +154,22 @@ class Backend(Protocol):
         ...
 
 
+class CommitConflict(Exception):
+    """An optimistic commit lost to a concurrent writer; nothing of this publish was stored.
+
+    Raised by :meth:`Backend.transaction` of engines that commit optimistically (Delta Lake):
+    the publish starts over on the table's new version, a bounded number of times.
+    """
+
+
+@runtime_checkable
+class HandsOver(Protocol):
+    """A backend whose owner record is not an owners table that an ``UPDATE`` changes."""
+
+    def handover_text(self, settings: WriteSettings) -> str:
+        """Code that records ``settings.asset`` as the owner of its table."""
+        ...
+
+
 def no_stage(stage: str) -> None:
     """The ``on_stage`` hook of a production publish: nothing to inject."""

@@ -1,0 +1,621 @@
+"""The Delta Lake backend: one Delta commit per publish, decided by the engine-neutral guards.
+
+A Delta table has no multi-statement transaction: a write is one optimistic commit to its log.
+So the publish reads one snapshot of the table, fits the batch to it on Arrow types
+(:mod:`idem_assets.lib.schema_fit`, Delta's types in :mod:`.delta_types`), the guards judge the
+staged batch against it in an embedded DuckDB (the batch and the window read from Delta
+registered as Arrow), and the write
+itself is held back until the transaction ends, where it becomes exactly one commit: a predicate
+overwrite of the window (``>= start AND < end`` per span, typed literals), or one
+``DeltaTable.merge``. A crash at any stage before that commit leaves the table at its old
+version. A commit that loses to a concurrent writer of the same files raises
+:class:`~idem_assets.lib.backends.protocol.CommitConflict`, and the publish starts over on the
+new version.
+
+Layout: ``<root>/<schema>/<table>``, partitioned by a derived day column (:data:`DAY_COLUMN`,
+the partition value's date, in UTC for time-zone-aware columns), so writers of different days
+touch different files and both commit. The column is the library's own: it never reaches a
+fingerprint, the schema checks or ``load_input``. The owning asset is the table's name in its
+Delta metadata (:data:`OWNER_PREFIX` and the asset key), set by the commit that creates the
+table and read with the snapshot before any write.
+"""
+
+import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from idem_assets.lib import batch_sql
+from idem_assets.lib.backends import duckdb_sql as sql
+from idem_assets.lib.backends.delta_types import DELTA_TYPES
+from idem_assets.lib.backends.protocol import CommitConflict, Counts, Scope, Staged, Target
+from idem_assets.lib.identifiers import quote, validate_identifier
+from idem_assets.lib.samples import sample_text
+from idem_assets.lib.schema_fit import fit_columns, refuse_lossy_values, stored_batch
+from idem_assets.lib.settings import WriteSettings
+from idem_assets.lib.windows import Bound, WriteWindow, spans_for
+
+#: The derived partition column; not a plain identifier, so no user column can be called so.
+DAY_COLUMN = "idem-day"
+#: The table's name (Delta metadata) is this prefix and the asset key of the table's owner.
+OWNER_PREFIX = "idem_assets:"
+_TARGET_PREFIX = "idem-target-"
+_PRUNABLE_KEY_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "VARCHAR", "DATE"}
+_ARROW_UNITS = {"s": "Second", "ms": "Millisecond", "us": "Microsecond", "ns": "Nanosecond"}
+
+
+def table_uri(root: str, schema: str, table: str) -> str:
+    """Where ``schema.table`` lives under ``root`` (names lower-cased, as DuckDB compares them)."""
+    validate_identifier(schema, "schema")
+    validate_identifier(table, "table")
+    return f"{root.rstrip('/')}/{schema.lower()}/{table.lower()}"
+
+
+def literal(value: Bound, column_type: pa.DataType) -> str:
+    """A literal of exactly ``column_type``, so a comparison can neither fail nor coerce."""
+    # Delta predicates are text: there is nothing to bind. The values are window bounds
+    # (date and datetime objects), whose ISO form holds no quote.
+    if pa.types.is_timestamp(column_type):
+        if not isinstance(value, datetime):
+            value = datetime.combine(value, datetime.min.time())
+        unit = _ARROW_UNITS[column_type.unit]
+        if column_type.tz is not None:
+            text = value.astimezone(UTC).isoformat(timespec="microseconds")
+            return f"arrow_cast('{text}', 'Timestamp({unit}, Some(\"{column_type.tz}\"))')"
+        text = value.isoformat(timespec="microseconds")
+        return f"arrow_cast('{text}', 'Timestamp({unit}, None)')"
+    if pa.types.is_date32(column_type):
+        day = value.date() if isinstance(value, datetime) else value
+        return f"arrow_cast('{day.isoformat()}', 'Date32')"
+    raise TypeError(f"no Delta literal for a partition column of type {column_type}")
+
+
+def _day(value: Bound) -> date:
+    if isinstance(value, datetime):
+        return (value.astimezone(UTC) if value.tzinfo else value).date()
+    return value
+
+
+def day_span(start: Bound, end: Bound) -> tuple[date, date]:
+    """The half-open range of :data:`DAY_COLUMN` values a span's rows can have."""
+    last = end - timedelta(microseconds=1) if isinstance(end, datetime) else end - timedelta(1)
+    return _day(start), _day(last) + timedelta(days=1)
+
+
+def window_predicate(
+    column: str,
+    column_type: pa.DataType,
+    spans: Sequence[tuple[Bound, Bound]],
+    alias: str | None = None,
+    partitioned: bool = True,
+) -> str:
+    """The window as a Delta predicate: per span, its days and ``>= start AND < end``.
+
+    The day conjuncts follow from the others; they let Delta prune files by partition and tell
+    a concurrent writer of another day apart from one of the same day.
+    """
+    prefix = f"{alias}." if alias else ""
+    c = f"{prefix}`{validate_identifier(column, 'partition column')}`"
+    day = f"{prefix}`{DAY_COLUMN}`"
+    parts = []
+    for start, end in spans:
+        conjuncts = [f"{c} >= {literal(start, column_type)}", f"{c} < {literal(end, column_type)}"]
+        if partitioned:
+            lo, hi = day_span(start, end)
+            conjuncts = [
+                f"{day} >= {literal(lo, pa.date32())}",
+                f"{day} < {literal(hi, pa.date32())}",
+                *conjuncts,
+            ]
+        parts.append("(" + " AND ".join(conjuncts) + ")")
+    return "(" + " OR ".join(parts) + ")"
+
+
+def owner_of(table: DeltaTable) -> str | None:
+    """The asset that owns ``table``, from its name; ``None`` for a table of another writer."""
+    name = table.metadata().name
+    return name[len(OWNER_PREFIX) :] if name and name.startswith(OWNER_PREFIX) else None
+
+
+def day_filter(spans: Sequence[tuple[Bound, Bound]]) -> list[list[tuple[str, str, Any]]]:
+    """The window's days as file-pruning filters (one conjunction per span)."""
+    return [
+        [(DAY_COLUMN, ">=", lo), (DAY_COLUMN, "<", hi)]
+        for lo, hi in (day_span(s, e) for s, e in spans)
+    ]
+
+
+def with_day(batch: pa.Table, column: str | None) -> pa.Table:
+    """The batch with :data:`DAY_COLUMN` appended (the date of ``column``, UTC when aware)."""
+    if column is None:
+        return batch
+    values = batch.column(column)
+    if not pa.types.is_date32(values.type):
+        # Arrow keeps instants in UTC: the cast takes an aware timestamp's UTC date.
+        days = pc.floor_temporal(values, unit="day")  # pyright: ignore[reportAttributeAccessIssue]
+        values = pc.cast(days, pa.date32())
+    return batch.append_column(pa.field(DAY_COLUMN, pa.date32()), values)
+
+
+@dataclass
+class _Snapshot:
+    """The table as one publish read it: every read and the commit use this version."""
+
+    uri: str
+    table: DeltaTable | None
+    #: Columns as stored, without :data:`DAY_COLUMN`.
+    schema: pa.Schema | None
+    partitioned: bool
+
+
+class DeltaBackend:
+    """Publishes to Delta tables under ``root``; call :meth:`close` (or use ``with``) after."""
+
+    engine = "Delta Lake"
+
+    def __init__(self, root: str, storage_options: dict[str, str] | None = None) -> None:
+        """Tables live at ``<root>/<schema>/<table>``; ``storage_options`` reach object storage."""
+        self.root = root
+        self.storage_options = storage_options or None
+        #: The version the last publish committed, and its table (``None`` before one did).
+        self.version: int | None = None
+        self.committed_uri: str | None = None
+        self._conn: duckdb.DuckDBPyConnection | None = None
+        self._names: list[str] = []
+        self._views: list[str] = []
+        self._snapshot: _Snapshot | None = None
+        self._pending: Callable[[], None] | None = None
+        self._write_batch: pa.Table | None = None
+        self._written: pa.Table | None = None
+
+    def __enter__(self) -> "DeltaBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop what this backend registered in the embedded DuckDB, and close its cursor."""
+        if self._conn is None:
+            return
+        try:
+            for view in self._views:
+                self._conn.execute(f"DROP VIEW IF EXISTS {view}")
+            for name in self._names:
+                self._conn.unregister(name)
+        finally:
+            self._conn.close()
+            self._conn, self._names, self._views = None, [], []
+
+    def _db(self) -> duckdb.DuckDBPyConnection:
+        if self._conn is None:
+            self._conn = _evaluator().cursor()
+        return self._conn
+
+    def _put(self, name: str, data: object) -> str:
+        """Register Arrow ``data`` in the evaluator under ``name``; returns it quoted."""
+        self._db().register(name, data)
+        self._names.append(name)
+        return quote(name)
+
+    def uri(self, schema: str, table: str) -> str:
+        """Where ``schema.table`` lives."""
+        return table_uri(self.root, schema, table)
+
+    def _open(self, uri: str) -> DeltaTable | None:
+        try:
+            return DeltaTable(uri, storage_options=self.storage_options)
+        except TableNotFoundError:
+            return None
+
+    @contextmanager
+    def transaction(self, where: str) -> Iterator[None]:
+        """A fresh evaluator for the guards; the one Delta commit when the body returns."""
+        self.close()
+        try:
+            yield
+            if self._pending is not None:
+                try:
+                    self._pending()
+                except CommitFailedError as exc:
+                    raise CommitConflict(str(exc).split("\n")[0]) from exc
+        finally:
+            self._pending, self._snapshot = None, None
+            self._write_batch, self._written = None, None
+            self.close()
+
+    def evaluator(self) -> duckdb.DuckDBPyConnection:
+        """The embedded DuckDB: the staged batch and the window's rows are registered in it."""
+        return self._db()
+
+    def describe(self, settings: WriteSettings) -> Target:
+        """Open the table's latest version: every later read and the commit use it."""
+        uri = self.uri(settings.schema, settings.table)
+        table = self._open(uri)
+        schema, owner, partitioned = None, None, False
+        if table is not None:
+            full = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
+            partitioned = DAY_COLUMN in table.metadata().partition_columns
+            schema = pa.schema([f for f in full if f.name != DAY_COLUMN])
+            owner = owner_of(table)
+        self._snapshot = _Snapshot(uri, table, schema, partitioned)
+        return Target(exists=table is not None, owner=owner)
+
+    def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
+        """Fit the batch to the table (schema_fit), cast it in Arrow, register it for the guards."""
+        snap = self._current()
+        table = {f.name: f.type for f in snap.schema} if snap.schema is not None else None
+        fits = fit_columns(settings, where, batch.schema, table, DELTA_TYPES)
+        refuse_lossy_values(batch, fits, settings, where, DELTA_TYPES)
+        unchanged = all(f.name == f.stored_name and f.type == f.stored_type for f in fits)
+        # Timestamps are floored to microseconds: a floor never moves a row across a window
+        # bound, so the guards judge exactly the rows Delta stores.
+        stored = batch if unchanged else stored_batch(batch, fits)
+        self._write_batch = stored
+        relation = self._put(_TARGET_PREFIX + uuid.uuid4().hex, stored)
+        spelt = {f.name.lower(): f.stored_name for f in fits}
+        pcol = settings.partition_expr
+        spelt_settings = replace(
+            settings,
+            partition_expr=spelt[pcol.lower()] if pcol else None,
+            primary_key=tuple(spelt[k.lower()] for k in settings.primary_key),
+            dedupe_order_by=tuple(spelt[k.lower()] for k in settings.dedupe_order_by),
+        )
+        ptype = next(
+            (f.stored_type for f in fits if f.stored_name == spelt_settings.partition_expr), None
+        )
+        return Staged(relation=relation, settings=spelt_settings, partition_type=ptype)
+
+    def _current(self) -> _Snapshot:
+        if self._snapshot is None:
+            raise RuntimeError("describe() opens the table's snapshot before anything reads it")
+        return self._snapshot
+
+    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
+        """Nothing to refuse: staging floors to the stored unit, which keeps rows in the window."""
+
+    def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
+        """The table's columns as Arrow types (without the derived day), or ``None``."""
+        table = self._open(self.uri(settings.schema, settings.table))
+        if table is None:
+            return None
+        schema = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
+        return {f.name: f.type for f in schema if f.name != DAY_COLUMN}
+
+    def _register(
+        self,
+        table: DeltaTable,
+        partitioned: bool,
+        spans: Sequence[tuple[Bound, Bound]] | None,
+        pruning: list[list[tuple[str, str, Any]]] | None = None,
+    ) -> str:
+        """Register ``table`` (only the window's days' files when ``spans``) in the evaluator."""
+        if spans and partitioned:
+            pruning = day_filter(spans)
+        dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)  # type: ignore[arg-type]
+        return self._put(_TARGET_PREFIX + uuid.uuid4().hex, dataset)
+
+    def _target(self, scope: Scope, whole: bool = False) -> str:
+        snap = self._current()
+        assert snap.table is not None
+        return self._register(snap.table, snap.partitioned, None if whole else scope.spans)
+
+    def _files(self) -> pa.Table:
+        """The snapshot's data files with their row counts and column statistics."""
+        snap = self._current()
+        assert snap.table is not None
+        return pa.table(snap.table.get_add_actions(flatten=True))  # type: ignore[arg-type]
+
+    def _counted_from_statistics(self, scope: Scope) -> Counts | None:
+        """The window's row counts from the files' statistics, or ``None`` if a scan must tell.
+
+        A file whose partition values all lie inside one partition of the window counts whole,
+        one whose values all lie outside counts nothing; any other file needs its rows read.
+        """
+        files, pcol = self._files(), scope.pcol
+        needed = {"num_records", f"min.{pcol}", f"max.{pcol}"}
+        if pcol is None or not needed <= set(files.column_names):
+            return None
+        parts = scope.bounds or [(None, start, end) for start, end in scope.spans]
+        counts: Counts = {}
+        rows = files.column("num_records").to_pylist()
+        lows = files.column(f"min.{pcol}").to_pylist()
+        highs = files.column(f"max.{pcol}").to_pylist()
+        # Delta keeps timestamp statistics in milliseconds, truncated: the true maximum lies
+        # below the recorded one plus a millisecond.
+        slack = (
+            timedelta(milliseconds=1) if isinstance(highs[0] if highs else None, datetime) else None
+        )
+        for n, low, high in zip(rows, lows, highs, strict=True):
+            if n is None or low is None or high is None:
+                return None
+            above = high + slack if slack else high + timedelta(days=1)
+            inside = [k for k, start, end in parts if start <= low and above <= end]
+            if inside:
+                counts[inside[0]] = counts.get(inside[0], 0) + n
+            elif any(above > start and low < end for _, start, end in parts):
+                return None
+        if not scope.bounds:
+            return {None: counts.get(None, 0)}
+        return counts
+
+    def _key_pruning(self, scope: Scope) -> list[list[tuple[str, str, Any]]] | None:
+        """Files whose key statistics may hold a key of the batch: the batch's key ranges."""
+        conn, source = self._db(), scope.staged.relation
+        types = {r[0]: r[1] for r in conn.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        # Integers, text and dates compare in file statistics exactly as in the batch.
+        usable = [k for k in scope.key if types.get(k) in _PRUNABLE_KEY_TYPES]
+        if not usable:
+            return None
+        ranges = ", ".join(f"min({quote(k)}), max({quote(k)})" for k in usable)
+        found = conn.execute(f"SELECT {ranges} FROM {source}").fetchall()[0]
+        if any(v is None for v in found):
+            return None
+        conjunction: list[tuple[str, str, Any]] = []
+        for i, k in enumerate(usable):
+            conjunction += [(k, ">=", found[2 * i]), (k, "<=", found[2 * i + 1])]
+        return [conjunction]
+
+    def count_window(self, scope: Scope) -> Counts:
+        """Rows the window holds in the snapshot: per partition of a range."""
+        if not scope.table_exists:
+            return {}
+        counted = self._counted_from_statistics(scope)
+        if counted is not None:
+            return counted
+        target, conn = self._target(scope), self._db()
+        if scope.bounds and scope.pcol:
+            q, p = sql.count_by_partition(target, scope.pcol, scope.bounds)
+            return dict(conn.execute(q, p).fetchall())
+        q, p = sql.count_window(target, scope.pcol, scope.spans)
+        return {None: conn.execute(q, p).fetchall()[0][0]}
+
+    def count_keys(self, scope: Scope) -> tuple[Counts, int]:
+        """For a merge, the window's rows whose key the batch holds, and those elsewhere."""
+        if scope.settings.mode != "merge" or not scope.table_exists:
+            return {}, 0
+        conn, key, pcol = self._db(), scope.key, scope.pcol
+        snap = self._current()
+        assert snap.table is not None
+        target = self._register(snap.table, snap.partitioned, None, self._key_pruning(scope))
+        source = scope.staged.relation
+        if scope.bounds and pcol:
+            q, p = sql.matched_by_partition(target, source, key, pcol, scope.bounds)
+            matched: Counts = dict(conn.execute(q, p).fetchall())
+            return matched, matched.pop(None, 0)
+        q, p = sql.merge_counts(target, source, key, pcol, scope.spans)
+        in_window, outside_keys = conn.execute(q, p).fetchall()[0]
+        return {None: in_window}, outside_keys
+
+    def keys_elsewhere_sample(self, scope: Scope) -> str:
+        """A few rows outside the window whose key the batch holds."""
+        q, p = sql.keys_outside_window_sample(
+            self._target(scope, whole=True),
+            scope.staged.relation,
+            scope.key,
+            str(scope.pcol),
+            scope.spans,
+        )
+        return sample_text(self._db(), q, p)
+
+    def claim(self, settings: WriteSettings) -> None:
+        """Nothing yet: the commit that creates the table names its owner (:meth:`_create`)."""
+
+    def owners_text(self) -> str:
+        """Where the owner is recorded."""
+        return f"the table's name ('{OWNER_PREFIX}<asset key>')"
+
+    def handover_text(self, settings: WriteSettings) -> str:
+        """Code that hands ``settings.table`` over to ``settings.asset``."""
+        uri = self.uri(settings.schema, settings.table)
+        name = OWNER_PREFIX + settings.asset
+        return f"deltalake.DeltaTable({uri!r}).alter.set_table_name({name!r})"
+
+    def _prepared(self, scope: Scope) -> tuple[pa.Table, pa.DataType | None]:
+        """The batch to write (stored names and types, with the day) and the partition type."""
+        assert self._write_batch is not None
+        ptype = scope.staged.partition_type if scope.pcol else None
+        return self._write_batch, ptype
+
+    def _predicate(self, scope: Scope, ptype: pa.DataType, alias: str | None = None) -> str:
+        partitioned = self._snapshot is not None and self._snapshot.partitioned
+        return window_predicate(str(scope.pcol), ptype, scope.spans, alias, partitioned)
+
+    def replace(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
+        """Hold back one predicate overwrite of the window (the whole table when unpartitioned)."""
+        batch, ptype = self._prepared(scope)
+        snap = self._current()
+        on_stage("deleted")
+        predicate = self._predicate(scope, ptype) if scope.pcol and ptype else None
+        data = with_day(batch, scope.settings.partition_expr)
+        self._written = data
+
+        def commit() -> None:
+            if snap.table is None:
+                self._create(scope, snap, data, predicate)
+                return
+            self._claim(scope, snap.table)
+            write_deltalake(snap.table, data, mode="overwrite", predicate=predicate)
+            self.version, self.committed_uri = snap.table.version(), snap.uri
+
+        self._pending = commit
+        return batch.num_rows
+
+    def merge(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
+        """Hold back one ``DeltaTable.merge``: update matched, insert new, delete in the window."""
+        settings = scope.settings
+        batch, ptype = self._prepared(scope)
+        if settings.dedupe_order_by:
+            columns = list(batch.column_names)
+            order_by = settings.dedupe_order_by
+            q = batch_sql.dedupe(scope.staged.relation, scope.key, order_by, columns)
+            batch = self._db().sql(q).to_arrow_table()
+        snap = self._current()
+        on_stage("deleted")
+        data = with_day(batch, settings.partition_expr)
+        window = self._predicate(scope, ptype, "t") if scope.pcol and ptype else None
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in scope.key)
+        if window:
+            # Scoped to the window: Delta reads and rewrites only its days' files.
+            on += f" AND {window}"
+        self._written = data
+
+        def commit() -> None:
+            table = snap.table
+            if table is None:
+                self._create(scope, snap, data, self._predicate(scope, ptype) if window else None)
+                return
+            self._claim(scope, table)
+            merger = (
+                table.merge(data, on, source_alias="s", target_alias="t")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+            )
+            if settings.delete_missing:
+                merger = merger.when_not_matched_by_source_delete(window)
+            merger.execute()
+            self.version, self.committed_uri = table.version(), snap.uri
+
+        self._pending = commit
+        return data.num_rows
+
+    def _create(self, scope: Scope, snap: _Snapshot, data: pa.Table, predicate: str | None) -> None:
+        """Create the table holding the batch, named after its owner: one commit.
+
+        A writer that created it first makes this commit fail (a concurrent metadata change),
+        and the publish starts over on that writer's table.
+        """
+        partition_by = [DAY_COLUMN] if DAY_COLUMN in data.column_names else None
+        write_deltalake(
+            snap.uri,
+            data,
+            mode="overwrite",
+            predicate=predicate,
+            partition_by=partition_by,
+            name=OWNER_PREFIX + scope.settings.asset,
+            storage_options=self.storage_options,
+        )
+        self.version, self.committed_uri = 0, snap.uri
+
+    def _claim(self, scope: Scope, table: DeltaTable) -> None:
+        """Name an existing table's owner (one of another writer's making) before writing it."""
+        if owner_of(table) is None:
+            table.alter.set_table_name(OWNER_PREFIX + scope.settings.asset)
+
+    def fingerprints(self, scope: Scope) -> dict[str | None, tuple[int, int]]:
+        """Count and hash sum of the window as the held-back commit leaves it.
+
+        Computed from the staged batch (and, for a merge, the snapshot's window rows the batch
+        keeps), with the same row hash :meth:`fingerprint_table` applies to the stored rows: a
+        function of the rows alone, whatever files hold them.
+        """
+        conn = self._db()
+        assert self._written is not None
+        columns = [c for c in self._written.column_names if c != DAY_COLUMN]
+        new = self._after(scope, columns)
+        if scope.bounds and scope.pcol:
+            q, p = sql.partition_fingerprints(new, columns, scope.pcol, scope.bounds)
+            return {k: (n, d) for k, n, d in conn.execute(q, p).fetchall()}
+        q, p = sql.fingerprint(new, columns, scope.pcol, scope.spans)
+        count, digest = conn.execute(q, p).fetchall()[0]
+        return {None: (count, digest)}
+
+    def _after(self, scope: Scope, columns: list[str]) -> str:
+        """A relation holding the window as the pending commit leaves it."""
+        conn = self._db()
+        written = self._put(_TARGET_PREFIX + uuid.uuid4().hex, self._written)
+        cols = ", ".join(quote(c) for c in columns)
+        relation = f"SELECT {cols} FROM {written}"
+        settings = scope.settings
+        if settings.mode == "merge" and scope.table_exists and not settings.delete_missing:
+            # An upsert keeps the window's rows whose key the batch does not hold.
+            on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in scope.key)
+            kept = ", ".join(f"t.{quote(c)}" for c in columns)
+            relation += (
+                f" UNION ALL SELECT {kept} FROM {self._target(scope)} t"
+                f" ANTI JOIN {written} s ON {on}"
+            )
+        name = quote(_TARGET_PREFIX + uuid.uuid4().hex)
+        conn.execute(f"CREATE TEMP VIEW {name} AS {relation}")
+        self._views.append(name)
+        return name
+
+    def fingerprint_table(
+        self, schema: str, table: str, partition_column: str | None, window: WriteWindow | None
+    ) -> tuple[int, int] | None:
+        """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
+        found = self._open(self.uri(schema, table))
+        if found is None:
+            return None
+        full = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
+        partitioned = DAY_COLUMN in found.metadata().partition_columns
+        columns = [f.name for f in full if f.name != DAY_COLUMN]
+        spans: list[tuple[Bound, Bound]] = []
+        if partition_column and window:
+            spans = spans_for(window, full.field(partition_column).type)
+        target = self._register(found, partitioned, spans or None)
+        q, p = sql.fingerprint(target, columns, partition_column if spans else None, spans)
+        count, digest = self._db().execute(q, p).fetchall()[0]
+        return count, digest
+
+    def load(
+        self, settings: WriteSettings, window: WriteWindow | None, nothing: bool, arrow: bool
+    ) -> pa.Table | pd.DataFrame:
+        """The window's rows (the whole table without one), in partition order."""
+        found = self._open(self.uri(settings.schema, settings.table))
+        if found is None:
+            raise RuntimeError(f"no Delta table {settings.schema}.{settings.table}")
+        full = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
+        partitioned = DAY_COLUMN in found.metadata().partition_columns
+        pcol = settings.partition_expr
+        spans = spans_for(window, full.field(pcol).type) if window and pcol else []
+        target = self._register(found, partitioned, spans or None)
+        columns = ", ".join(quote(f.name) for f in full if f.name != DAY_COLUMN)
+        where, params, order = "", [], ""
+        if pcol:
+            order = f" ORDER BY {quote(pcol)}"
+        if nothing:
+            where = " WHERE false"
+        elif spans and pcol:
+            pred, params = batch_sql.window_predicate(pcol, spans)
+            where = f" WHERE {pred}"
+        relation = self._db().sql(f"SELECT {columns} FROM {target}{where}{order}", params=params)
+        return relation.to_arrow_table() if arrow else relation.df()
+
+
+_EVALUATOR: tuple[int, duckdb.DuckDBPyConnection] | None = None
+
+
+def _evaluator() -> duckdb.DuckDBPyConnection:
+    """The process's embedded DuckDB; each backend works in a cursor of its own."""
+    global _EVALUATOR
+    # Opening a database costs ~10 ms a publish; a cursor costs nothing. A forked child
+    # opens its own.
+    if _EVALUATOR is None or _EVALUATOR[0] != os.getpid():
+        conn = duckdb.connect()
+        # Aware timestamps in samples and messages read in UTC, as Delta stores them.
+        conn.execute("SET GLOBAL TimeZone = 'UTC'")
+        _EVALUATOR = (os.getpid(), conn)
+    return _EVALUATOR[1]
+
+
+def delta_tables(root: str) -> list[tuple[str, str]]:
+    """``(schema, table)`` of every Delta table under a local ``root``."""
+    found = []
+    if not os.path.isdir(root):
+        return found
+    for schema in sorted(os.listdir(root)):
+        for table in sorted(os.listdir(os.path.join(root, schema))):
+            if os.path.isdir(os.path.join(root, schema, table, "_delta_log")):
+                found.append((schema, table))
+    return found

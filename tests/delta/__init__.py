@@ -1,0 +1,1 @@
+"""Tests of the Delta Lake backend beyond the conformance suite."""

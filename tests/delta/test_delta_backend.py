@@ -1,0 +1,465 @@
+"""What the Delta Lake backend does beyond the conformance suite: one commit per publish, the
+version in the metadata, loads that read only the window's files, the owner property, the
+failures dagster-deltalake is known for, and writers racing in separate processes."""
+
+import json
+import re
+import subprocess
+import sys
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+import idem_assets as ia
+from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, owner_of
+from tests.conformance.conftest import delta_store
+from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, REFUSALS, events
+from tests.conformance.test_replace_contract import asset as contract_asset
+from tests.conformance.test_replace_contract import fill as contract_fill
+from tests.conformance.test_replace_contract import materialize as contract_materialize
+from tests.helpers import DAILY, NOW, range_tags, settings, window
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def publish(root: str, batch: pa.Table, mode: str, *days: str, **metadata: Any) -> ia.PublishResult:
+    with DeltaBackend(root) as backend:
+        return ia.publish(
+            backend,
+            batch,
+            settings(mode, {**EVENTS, **metadata}, table="events"),
+            window(*days),
+            now=NOW,
+        )
+
+
+def fill(root: str, mode: str = "overwrite") -> None:
+    for day in ALL_DAYS:
+        publish(root, events(day), mode, day)
+
+
+def stored(root: str, table: str = "events", version: int | None = None) -> list[tuple]:
+    found = DeltaTable(f"{root}/main/{table}", version=version).to_pyarrow_table()
+    found = found.drop_columns([DAY_COLUMN]) if DAY_COLUMN in found.column_names else found
+    return sorted(zip(*found.to_pydict().values(), strict=True))
+
+
+def expected(*batches: pa.Table) -> list[tuple]:
+    both = pa.concat_tables(batches)
+    return sorted(zip(*both.to_pydict().values(), strict=True))
+
+
+def fingerprint(root: str, *days: str) -> str | None:
+    with DeltaBackend(root) as backend:
+        return ia.table_fingerprint(backend, "main", "events", "event_at", window(*days))
+
+
+@pytest.mark.parametrize(
+    ("mode", "metadata"),
+    [
+        ("overwrite", {}),
+        ("merge", {}),
+        ("merge", {"delete_missing": False}),
+        ("merge", {"dedupe_order_by": ["amount"]}),
+    ],
+)
+def test_each_publish_is_one_commit_and_its_fingerprint_is_the_stored_window(
+    tmp_path: Path, mode: str, metadata: dict[str, Any]
+) -> None:
+    root = str(tmp_path)
+    fill(root, mode)
+    version = DeltaTable(f"{root}/main/events").version()
+    # Half the day changed, the other half gone: each mode's own result.
+    newer = events(ALL_DAYS[1], version=3).slice(0, 500)
+    if metadata.get("dedupe_order_by"):
+        newer = pa.concat_tables([newer, newer.slice(0, 10)])
+    result = publish(root, newer, mode, ALL_DAYS[1], **metadata)
+
+    table = DeltaTable(f"{root}/main/events")
+    assert table.version() == version + 1
+    assert table.history(1)[0]["operation"] == ("WRITE" if mode == "overwrite" else "MERGE")
+    assert result.fingerprint == fingerprint(root, ALL_DAYS[1])
+    kept = 500 if metadata.get("delete_missing") is False else 0
+    assert result.rows == 500 + kept
+    assert fingerprint(root, ALL_DAYS[0]) != fingerprint(root, ALL_DAYS[1])
+    assert len(stored(root)) == 2000 + 500 + kept
+
+
+def test_a_range_publish_is_one_commit_with_each_days_fingerprint(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    fill(root)
+    version = DeltaTable(f"{root}/main/events").version()
+    newer = pa.concat_tables([events(d, version=1) for d in ALL_DAYS])
+    result = publish(root, newer, "overwrite", *ALL_DAYS)
+    assert DeltaTable(f"{root}/main/events").version() == version + 1
+    assert {k: p.fingerprint for k, p in result.per_partition.items()} == {
+        d: fingerprint(root, d) for d in ALL_DAYS
+    }
+    assert stored(root) == expected(newer)
+
+
+def test_the_day_partition_keeps_each_days_rows_in_its_own_files(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    fill(root)
+    table = DeltaTable(f"{root}/main/events")
+    assert table.metadata().partition_columns == [DAY_COLUMN]
+    days = {p[DAY_COLUMN] for p in table.partitions()}
+    assert days == set(ALL_DAYS)
+
+
+@dg.asset(partitions_def=DAILY, io_manager_key="io_manager", metadata=EVENTS)
+def daily_events(context: dg.AssetExecutionContext) -> pa.Table:
+    version = int(context.run.tags.get("version", "0"))
+    return pa.concat_tables([events(day, version=version) for day in context.partition_keys])
+
+
+@dg.asset(partitions_def=DAILY, io_manager_key="io_manager", metadata={"partition_expr": "day"})
+def day_total(context: dg.AssetExecutionContext, daily_events: pd.DataFrame) -> pd.DataFrame:
+    context.add_output_metadata({"columns": list(daily_events.columns)})
+    return pd.DataFrame(
+        {
+            "day": [pd.Timestamp(context.partition_key)],
+            "rows": [len(daily_events)],
+            "amount": [float(daily_events["amount"].sum())],
+        }
+    )
+
+
+def test_load_input_reads_only_the_windows_files_and_the_version_is_in_the_metadata(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path / "lake")
+    resources = {"io_manager": ia.DeltaOverwriteIOManager(root=root)}
+    for day in ALL_DAYS:
+        dg.materialize([daily_events], resources=resources, partition_key=day)
+    first = dg.materialize([daily_events], resources=resources, partition_key=ALL_DAYS[1])
+    published = first.get_asset_materialization_events()[0].materialization.metadata
+    version = published["delta_version"].value
+    assert published["delta_table_uri"].value == f"{root}/main/daily_events"
+    dg.materialize(
+        [daily_events], resources=resources, partition_key=ALL_DAYS[1], tags={"version": "4"}
+    )
+    # Time travel to the version the first run published gives exactly what it wrote.
+    assert stored(root, "daily_events", version) == expected(*(events(d) for d in ALL_DAYS))
+
+    # Another day's files gone: a load of this day never opens them.
+    table = DeltaTable(f"{root}/main/daily_events")
+    for uri in table.file_uris(file_pruning_predicate=[(DAY_COLUMN, "=", ALL_DAYS[0])]):
+        Path(uri).unlink()
+    result = dg.materialize(
+        [daily_events.to_source_asset(), day_total],
+        resources=resources,
+        partition_key=ALL_DAYS[1],
+    )
+    total = result.get_asset_materialization_events()[0].materialization.metadata
+    assert total["columns"].value == ["event_id", "event_at", "amount"]
+    newer = events(ALL_DAYS[1], version=4)
+    totals = stored(root, "day_total")
+    assert totals == [
+        (datetime.fromisoformat(ALL_DAYS[1]), 1000, sum(newer.column("amount").to_pylist()))
+    ]
+
+
+def region_events(region: str) -> dg.AssetsDefinition:
+    @dg.asset(
+        name="events",
+        key_prefix=[region],
+        partitions_def=DAILY,
+        io_manager_key="io_manager",
+        metadata=EVENTS,
+    )
+    def compute(context: dg.AssetExecutionContext) -> pa.Table:
+        return events(context.partition_key)
+
+    return compute
+
+
+def test_a_table_of_another_asset_is_refused_and_the_printed_handover_works(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path)
+    # One schema for every asset: us/events and eu/events both resolve to main.events.
+    resources = {"io_manager": ia.DeltaOverwriteIOManager(root=root, schema="main")}
+    dg.materialize([region_events("us")], resources=resources, partition_key=ALL_DAYS[0])
+    table = DeltaTable(f"{root}/main/events")
+    assert owner_of(table) == "us/events"
+    version = table.version()
+    with pytest.raises(ia.ConfigurationError) as refused:
+        dg.materialize([region_events("eu")], resources=resources, partition_key=ALL_DAYS[0])
+    text = str(refused.value)
+    assert "table main.events belongs to asset 'us/events'" in text
+    assert DeltaTable(f"{root}/main/events").version() == version
+
+    handover = re.search(r"hand the table over first: (deltalake\..*)\.$", text)
+    assert handover is not None
+    exec(handover[1], {"deltalake": __import__("deltalake")})
+    dg.materialize([region_events("eu")], resources=resources, partition_key=ALL_DAYS[0])
+    assert owner_of(DeltaTable(f"{root}/main/events")) == "eu/events"
+
+
+# dagster-io/dagster#34064 and the range run: replayed on the column types that broke them ------
+
+
+def day_rows(day: str, kind: str, version: int = 0, rows: int = 100) -> pa.Table:
+    start = datetime.fromisoformat(day)
+    base = int(start.strftime("%Y%m%d")) * 1000
+    stamps = [start + timedelta(minutes=10 * i) for i in range(rows)]
+    column = {
+        "date": pa.array([s.date() for s in stamps], pa.date32()),
+        "timestamp": pa.array(stamps, pa.timestamp("us")),
+        "timestamptz": pa.array([s.astimezone() for s in stamps], pa.timestamp("us", "UTC")),
+    }[kind]
+    return pa.table(
+        {
+            "id": pa.array([base + i for i in range(rows)], pa.int64()),
+            "at": column,
+            "value": pa.array([float(i + version) for i in range(rows)]),
+        }
+    )
+
+
+def replay(root: str, kind: str, batch: pa.Table, *days: str) -> None:
+    with DeltaBackend(root) as backend:
+        ia.publish(
+            backend,
+            batch,
+            settings("overwrite", {"partition_expr": "at"}, table="events"),
+            window(*days),
+            now=NOW,
+        )
+
+
+@pytest.mark.parametrize("kind", ["date", "timestamp", "timestamptz"])
+def test_one_day_never_becomes_a_whole_table_overwrite(tmp_path: Path, kind: str) -> None:
+    """dagster-io/dagster#34064: two days wiped and a stray row kept, on a TIMESTAMP column."""
+    root = str(tmp_path)
+    for day in ALL_DAYS:
+        replay(root, kind, day_rows(day, kind), day)
+    newer = day_rows(ALL_DAYS[1], kind, version=1)
+    replay(root, kind, newer, ALL_DAYS[1])
+    assert stored(root) == expected(day_rows(ALL_DAYS[0], kind), newer, day_rows(ALL_DAYS[2], kind))
+
+    stray = pa.concat_tables([newer, day_rows(ALL_DAYS[2], kind, rows=1)])
+    with pytest.raises(ia.StrayRowsError):
+        replay(root, kind, stray, ALL_DAYS[1])
+    assert stored(root) == expected(day_rows(ALL_DAYS[0], kind), newer, day_rows(ALL_DAYS[2], kind))
+
+
+@pytest.mark.parametrize("kind", ["date", "timestamp"])
+def test_a_range_run_replaces_every_day_of_its_range(tmp_path: Path, kind: str) -> None:
+    """A DATE-column range run whose predicate covered only its first day."""
+    root = str(tmp_path)
+    replay(root, kind, pa.concat_tables([day_rows(d, kind) for d in ALL_DAYS]), *ALL_DAYS)
+    newer = pa.concat_tables([day_rows(d, kind, version=2) for d in ALL_DAYS])
+    replay(root, kind, newer, *ALL_DAYS)
+    assert stored(root) == expected(newer)
+    predicate = DeltaTable(f"{root}/main/events").history(1)[0]["operationParameters"]
+    last = date.fromisoformat(ALL_DAYS[-1]) + timedelta(days=1)
+    assert f"'{last.isoformat()}" in predicate["predicate"]
+
+
+def test_a_range_run_through_dagster_replaces_every_day(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    resources = {"io_manager": ia.DeltaOverwriteIOManager(root=root)}
+    for day in ALL_DAYS:
+        dg.materialize([daily_events], resources=resources, partition_key=day)
+    dg.materialize(
+        [daily_events],
+        resources=resources,
+        tags={**range_tags(ALL_DAYS[0], ALL_DAYS[-1]), "version": "6"},
+    )
+    assert stored(root, "daily_events") == expected(*(events(d, version=6) for d in ALL_DAYS))
+
+
+# Writers in separate processes ---------------------------------------------------------------
+
+
+def start_writer(root: str, day: str, version: int, barrier: Path, parties: int) -> Any:
+    args = [root, day, str(version), str(barrier), str(parties)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.delta.writer", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def outcome(process: Any) -> dict[str, Any]:
+    out, _ = process.communicate(timeout=120)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def race(root: str, barrier: Path, writers: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """Writers that all decide on one table version, then commit at once."""
+    processes = [start_writer(root, day, v, barrier, len(writers)) for day, v in writers]
+    return [outcome(p) for p in processes]
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["table exists", "new table"])
+def test_writers_of_different_days_both_commit(tmp_path: Path, existing: bool) -> None:
+    root = str(tmp_path)
+    if existing:
+        publish(root, events(ALL_DAYS[0]), "overwrite", ALL_DAYS[0])
+    found = race(root, tmp_path / "barrier", [(ALL_DAYS[1], 1), (ALL_DAYS[2], 2)])
+    assert [f["outcome"] for f in found] == ["committed", "committed"], found
+    # Different days touch different files: no retry (creating the table at once, delta-rs may
+    # make the second creation an ordinary write, or refuse it, and the publish starts over).
+    assert sorted(f["attempts"] for f in found) in ([[1, 1]] if existing else [[1, 1], [1, 2]])
+    kept = [events(ALL_DAYS[0])] if existing else []
+    assert stored(root) == expected(
+        *kept, events(ALL_DAYS[1], version=1), events(ALL_DAYS[2], version=2)
+    )
+
+
+def test_writers_of_one_day_leave_exactly_one_batch(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    fill(root)
+    found = race(root, tmp_path / "barrier", [(ALL_DAYS[1], 1), (ALL_DAYS[1], 2)])
+    assert all(f["outcome"] == "committed" for f in found), found
+    # Both decided on one version: the second commit conflicted and started over on the first's.
+    assert sorted(f["attempts"] for f in found) == [1, 2]
+    day = [r for r in stored(root) if r[1].date().isoformat() == ALL_DAYS[1]]
+    assert day in (
+        expected(events(ALL_DAYS[1], version=1)),
+        expected(events(ALL_DAYS[1], version=2)),
+    )
+    assert len(stored(root)) == 3000
+
+
+def test_a_commit_that_keeps_losing_is_refused_after_its_attempts(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    fill(root)
+    others: list[int] = []
+
+    def another_writer_commits_first(stage: str) -> None:
+        # Each attempt, another process commits the same day before this one can.
+        if stage == "before_commit":
+            others.append(len(others) + 10)
+            found = outcome(start_writer(root, ALL_DAYS[1], others[-1], tmp_path / "b", 1))
+            assert found["outcome"] == "committed"
+
+    with DeltaBackend(root) as backend, pytest.raises(ia.ConcurrentWriteError) as refused:
+        ia.publish(
+            backend,
+            events(ALL_DAYS[1], version=1),
+            settings("overwrite", EVENTS, table="events"),
+            window(ALL_DAYS[1]),
+            now=NOW,
+            on_stage=another_writer_commits_first,
+        )
+    assert len(others) == 3
+    text = str(refused.value)
+    assert text.startswith(f"Refused to write asset 'events', partition {ALL_DAYS[1]}: 3 attempts")
+    assert "Nothing was changed. Fix:" in text
+    # Not doubled, not lost: the day holds exactly the last other writer's batch.
+    assert stored(root) == expected(
+        events(ALL_DAYS[0]), events(ALL_DAYS[1], version=others[-1]), events(ALL_DAYS[2])
+    )
+
+
+# Types: the schema fit with Delta's dialect ---------------------------------------------------
+
+
+def test_a_new_table_stores_deltas_types_and_later_batches_fit_them(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    day = ALL_DAYS[0]
+    start = datetime.fromisoformat(day)
+    nanos = int(start.replace(tzinfo=UTC).timestamp()) * 10**9
+    first = pa.table(
+        {
+            "event_id": pa.array([1, 2], pa.uint32()),
+            # The second one 1,500 nanoseconds after the first.
+            "event_at": pa.array([nanos, nanos + 1500], pa.int64()).cast(pa.timestamp("ns")),
+            "amount": pa.array([1.0, 2.0], pa.float32()),
+        }
+    )
+    publish(root, first, "overwrite", day)
+    table = DeltaTable(f"{root}/main/events")
+    stored_types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
+    assert stored_types == {
+        "event_id": pa.int64(),
+        "event_at": pa.timestamp("us"),
+        "amount": pa.float32(),
+        DAY_COLUMN: pa.date32(),
+    }
+    # Nanoseconds floored to the stored microseconds.
+    assert stored(root) == [(1, start, 1.0), (2, start + timedelta(microseconds=1), 2.0)]
+
+    narrower = first.set_column(0, "event_id", pa.array([1, 2], pa.int16()))
+    publish(root, narrower, "overwrite", day)
+    assert len(stored(root)) == 2
+
+    drifted = first.set_column(2, "amount", pa.array(["1", "2"]))
+    with pytest.raises(ia.SchemaMismatchError) as refused:
+        publish(root, drifted, "overwrite", day)
+    text = str(refused.value)
+    assert "types that cannot hold every batch value [amount: table FLOAT, batch STRING]" in text
+    assert "ALTER TABLE main.events ALTER COLUMN amount TYPE STRING" in text
+    assert len(stored(root)) == 2
+
+
+# Windows finer than the day partition ---------------------------------------------------------
+
+HOURLY = dg.HourlyPartitionsDefinition(start_date="2026-01-01-00:00")
+
+
+def hour_rows(hour: int, version: int = 0) -> pa.Table:
+    start = datetime(2026, 1, 1, hour)
+    return pa.table(
+        {
+            "event_id": pa.array([hour * 100 + i for i in range(6)], pa.int64()),
+            "event_at": pa.array([start + timedelta(minutes=10 * i) for i in range(6)]),
+            "amount": pa.array([float(version)] * 6),
+        }
+    )
+
+
+def publish_hours(root: str, batch: pa.Table, *hours: int) -> ia.PublishResult:
+    keys = [f"2026-01-01-{h:02d}:00" for h in hours]
+    with DeltaBackend(root) as backend:
+        return ia.publish(
+            backend,
+            batch,
+            settings("overwrite", EVENTS, table="events"),
+            window(*keys, partitions=HOURLY),
+            now=NOW,
+        )
+
+
+def test_an_hour_inside_a_days_files_is_counted_and_replaced_alone(tmp_path: Path) -> None:
+    """Files holding several hours straddle the window: their rows are read, not their stats."""
+    root = str(tmp_path)
+    publish_hours(root, pa.concat_tables([hour_rows(h) for h in (1, 2, 3)]), 1, 2, 3)
+    result = publish_hours(root, hour_rows(2, version=1), 2)
+    assert (result.rows, result.inserted, result.deleted) == (6, 6, 6)
+    assert stored(root) == expected(hour_rows(1), hour_rows(2, version=1), hour_rows(3))
+
+    with pytest.raises(ia.EmptyBatchError, match="the window holds 6 rows"):
+        publish_hours(root, hour_rows(2).slice(0, 0), 2)
+
+
+def files_of(root: str) -> dict[str, int]:
+    """Every file under ``root`` with its size: what "byte-identical" means for a lake."""
+    return {
+        str(p.relative_to(root)): p.stat().st_size for p in Path(root).rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_refusal_writes_no_file_and_no_version(tmp_path: Path, case: str) -> None:
+    """The commit is held back until every guard passed: a refused batch leaves no trace."""
+    source, io_manager, _ = REFUSALS[case]
+    store = delta_store(tmp_path)
+    contract_fill(store, io_manager)
+    before = files_of(str(tmp_path / "lake"))
+    result = contract_materialize(
+        store, [contract_asset(source, io_manager=io_manager)], ALL_DAYS[1], raise_on_error=False
+    )
+    assert not result.success
+    assert files_of(str(tmp_path / "lake")) == before

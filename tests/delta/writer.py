@@ -1,0 +1,64 @@
+"""A process that publishes one day of events to a Delta table, racing others.
+
+``python -m tests.delta.writer ROOT DAY VERSION BARRIER PARTIES [ATTEMPTS]`` publishes DAY at
+VERSION. Its first attempt waits, just before its commit, until PARTIES writers have reached
+theirs (files in the directory BARRIER), so all of them decided on the same table version and
+commit at once. It prints one JSON line: the outcome, the attempts it took and, on a refusal,
+the error's class.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import idem_assets as ia
+from idem_assets.lib.backends.delta import DeltaBackend
+from tests.conformance.test_replace_contract import EVENTS, events
+from tests.helpers import NOW, settings, window
+
+
+def wait_for_everyone(barrier: Path, parties: int) -> None:
+    """Arrive at the barrier, then wait (at most 60 s) until every writer has."""
+    barrier.mkdir(parents=True, exist_ok=True)
+    (barrier / str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(list(barrier.iterdir())) < parties and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def main(root: str, day: str, version: int, barrier: Path, parties: int, attempts: int) -> dict:
+    """Publish ``day`` at ``version``; report what happened."""
+    tries: list[str] = []
+
+    def on_stage(stage: str) -> None:
+        if stage == "guards_passed":
+            tries.append(stage)
+        if stage == "before_commit" and len(tries) == 1:
+            wait_for_everyone(barrier, parties)
+
+    with DeltaBackend(root) as backend:
+        try:
+            result = ia.publish(
+                backend,
+                events(day, version=version),
+                settings("overwrite", EVENTS, table="events"),
+                window(day),
+                now=NOW,
+                on_stage=on_stage,
+                attempts=attempts,
+            )
+        except ia.IdempotencyError as exc:
+            found = {"outcome": "refused", "error": type(exc).__name__, "message": str(exc)}
+            return {**found, "attempts": len(tries)}
+        return {"outcome": "committed", "attempts": len(tries), "rows": result.rows}
+
+
+if __name__ == "__main__":
+    root, day, version, barrier, parties, *rest = sys.argv[1:]
+    attempts = int(rest[0]) if rest else 3
+    found = main(root, day, int(version), Path(barrier), int(parties), attempts)
+    print(json.dumps(found), flush=True)
+    # delta-rs's runtime threads can abort the interpreter's teardown; the result is out.
+    os._exit(0)
