@@ -5,7 +5,6 @@ open the engine's backend, its two IO managers, and how to read a table back. Ad
 adding one factory to ``FACTORIES``.
 """
 
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -14,7 +13,6 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 import pytest
-from postgres_server import PostgresServer
 
 import idem_assets as ia
 from idem_assets.lib.backends.duckdb import DuckDBBackend
@@ -77,23 +75,15 @@ def duckdb_store(request: pytest.FixtureRequest, directory: Path) -> Store:
 PASSWORD_ENV = "IDEM_TEST_PG_PASSWORD"
 
 
-def postgres_location(server: PostgresServer, database: str) -> PostgresLocation:
-    """The backend's location of ``database`` on the test server."""
-    return PostgresLocation(server.host, server.port, server.user, database, server.password)
-
-
 def postgres_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     """The Postgres backend on a fresh database of the session's server."""
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    request.getfixturevalue("monkeypatch").setenv(PASSWORD_ENV, server.password)
-    database = f"conf_{uuid.uuid4().hex[:12]}"
-    server.create_database(database)
-    location = postgres_location(server, database)
+    location: PostgresLocation = request.getfixturevalue("postgres_location")
+    request.getfixturevalue("monkeypatch").setenv(PASSWORD_ENV, str(location.password))
     config = {
-        "host": server.host,
-        "port": server.port,
-        "user": server.user,
-        "database": database,
+        "host": location.host,
+        "port": location.port,
+        "user": location.user,
+        "database": location.database,
         "password_env": PASSWORD_ENV,
     }
 
