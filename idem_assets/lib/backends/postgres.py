@@ -22,12 +22,12 @@ import pyarrow as pa
 
 from idem_assets.lib import batch_sql, guards
 from idem_assets.lib.backends import postgres_sql as sql
-from idem_assets.lib.backends.postgres_fit import ColumnFit, stage_batch
 from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type
 from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
 from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.samples import format_sample
+from idem_assets.lib.schema_fit import ColumnFit, fit_columns, refuse_lossy_values, stored_batch
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import WriteWindow, spans_for
 
@@ -232,7 +232,9 @@ class PostgresBackend:
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Cast the batch to the stored names and types in Arrow, and hand it to the guards."""
         table = _arrow_types(self._table_cols, settings) if self._table_cols else None
-        fits, stored = stage_batch(batch, settings, where, table, DIALECT)
+        fits = fit_columns(settings, where, batch.schema, table, DIALECT)
+        refuse_lossy_values(batch, fits, settings, where, DIALECT)
+        stored = stored_batch(batch, fits)
         if self._table_cols:
             # COPY fills columns in the table's order.
             stored = stored.select(list(self._table_cols))

@@ -80,9 +80,9 @@ class PostgresTypes:
             return t
         raise _unsupported(str(t))
 
-    def type_sql(self, stored_type: pa.DataType) -> str:
-        """The Postgres type that stores ``stored_type`` (one :meth:`stored_type` returns)."""
-        t = stored_type
+    def type_sql(self, arrow_type: pa.DataType) -> str:
+        """The Postgres type that stores ``arrow_type``, e.g. ``bigint`` for int64 or uint32."""
+        t = self.stored_type(arrow_type)
         if pa.types.is_decimal(t):
             return f"numeric({t.precision},{t.scale})"
         if pa.types.is_timestamp(t):
