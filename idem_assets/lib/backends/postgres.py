@@ -38,7 +38,7 @@ KEYS_PREFIX = "idem-keys-"
 OWNERS_SCHEMA = "public"
 OWNERS_TABLE = "idem-table-owners"
 OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
-#: Pinned per session: the fingerprint hashes each row's text, which these settings shape.
+#: Pinned per session, so a value read as text (a sample in a message) reads the same for everyone.
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c extra_float_digits=1"
 DIALECT = PostgresTypes()
 
