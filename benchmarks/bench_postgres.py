@@ -303,8 +303,7 @@ def _merge(server: PostgresServer, partitions: int, rows: int, rounds: int) -> l
             f" {counts['duplicates']:,} losing duplicates; {counts['stale']:,} stale window rows"
             f" deleted) into {table_rows:,}; every side's table has the index the publish"
             f" creates (on {data.PARTITION_COLUMN}), the ON CONFLICT side also a unique one on"
-            f" {KEYS}"
-            + ("; target applies to the fastest raw SQL" if raw == fastest else "")
+            f" {KEYS}" + ("; target applies to the fastest raw SQL" if raw == fastest else "")
         )
         lines.append(ln)
     return lines
