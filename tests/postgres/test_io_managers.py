@@ -235,3 +235,20 @@ def test_an_aware_partition_column_in_a_zoned_partitioning(
             ia.publish(backend, stray, write, window(DAY, partitions=zoned), now=NOW)
         loaded = backend.load(write, window(DAY, partitions=zoned), False, True)
     assert isinstance(loaded, pa.Table) and loaded.equals(batch)
+
+
+def test_a_pandas_categorical_column_is_stored_as_text(postgres_location: PostgresLocation) -> None:
+    frame = pd.DataFrame(
+        {
+            "id": [1, 2],
+            "at": pd.to_datetime(["2026-01-01 01:00", "2026-01-01 02:00"]),
+            "zone": pd.Categorical(["JFK", "Midtown"]),
+        }
+    )
+    meta = {"partition_expr": "at", "primary_key": ["id"]}
+    batch = pa.Table.from_pandas(frame, preserve_index=False)
+    with PostgresBackend.connect(postgres_location) as backend:
+        for _run in range(2):
+            ia.publish(backend, batch, settings("overwrite", meta, table="c"), window(DAY), now=NOW)
+        backend.cur.execute("SELECT id, zone FROM main.c ORDER BY id")
+        assert backend.cur.fetchall() == [(1, "JFK"), (2, "Midtown")]
