@@ -260,6 +260,7 @@ def machine() -> dict[str, str]:
         "dagster-duckdb",
         "dagster-duckdb-pandas",
         "deltalake",
+        "adbc-driver-postgresql",
     ):
         facts[dist] = _version(dist)
     return facts

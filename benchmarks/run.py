@@ -23,6 +23,7 @@ from benchmarks import (
     bench_materialize,
     bench_memory,
     bench_merge,
+    bench_postgres,
     bench_publish,
     bench_scaling,
     breakdown,
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "scaling": bench_scaling,
     "memory": bench_memory,
     "delta": bench_delta,
+    "postgres": bench_postgres,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"
 

@@ -10,7 +10,16 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ["publish", "materialize", "merge", "backfill", "scaling", "memory", "delta"]
+BENCHMARKS = [
+    "publish",
+    "materialize",
+    "merge",
+    "backfill",
+    "scaling",
+    "memory",
+    "delta",
+    "postgres",
+]
 
 
 @pytest.fixture(scope="module")
