@@ -463,3 +463,24 @@ def test_a_refusal_writes_no_file_and_no_version(tmp_path: Path, case: str) -> N
     )
     assert not result.success
     assert files_of(str(tmp_path / "lake")) == before
+
+
+def test_a_widening_the_asset_opted_into_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    """delta-rs cannot change a column's type in a write: the refusal says how to do it once."""
+    root = str(tmp_path / "lake")
+    narrow = events(ALL_DAYS[0]).set_column(2, "amount", pa.array(range(1000), pa.int32()))
+    publish(root, narrow, "overwrite", ALL_DAYS[0])
+    before = (fingerprint(root, ALL_DAYS[0]), DeltaTable(f"{root}/main/events").version())
+    wide = narrow.set_column(2, "amount", pa.array(range(1000), pa.int64()))
+
+    with pytest.raises(ia.SchemaMismatchError, match="cannot change a column's type") as refused:
+        publish(root, wide, "overwrite", ALL_DAYS[0], schema_evolution="widen_types")
+    assert "amount: table int32, batch int64" in str(refused.value)
+    assert "Nothing was changed" in str(refused.value)
+    after = (fingerprint(root, ALL_DAYS[0]), DeltaTable(f"{root}/main/events").version())
+    assert after == before
+    # Added columns still evolve on Delta, in the write's own commit.
+    tipped = narrow.append_column("tip", pa.array([0.5] * 1000))
+    publish(root, tipped, "overwrite", ALL_DAYS[0], schema_evolution="add_columns")
+    assert DeltaTable(f"{root}/main/events").version() == before[1] + 1
+    assert {row[3] for row in stored(root)} == {0.5}

@@ -252,3 +252,30 @@ def test_a_pandas_categorical_column_is_stored_as_text(postgres_location: Postgr
             ia.publish(backend, batch, settings("overwrite", meta, table="c"), window(DAY), now=NOW)
         backend.cur.execute("SELECT id, zone FROM main.c ORDER BY id")
         assert backend.cur.fetchall() == [(1, "JFK"), (2, "Midtown")]
+
+
+def test_an_opted_in_widening_alters_the_column_in_the_publish(
+    postgres_location: PostgresLocation,
+) -> None:
+    """int4 -> int8 and numeric(10,2) -> numeric(12,2) in the publish's own transaction."""
+    metadata = {**TRIPS_METADATA, "schema_evolution": "widen_types"}
+    narrow = day_batch(DAY, 5)
+    narrow = narrow.append_column("seats", pa.array([1, 2, 3, 4, 5], pa.int32()))
+    narrow = narrow.append_column("fee", pa.array([1] * 5, pa.decimal128(10, 2)))
+    wide = narrow.set_column(
+        narrow.schema.get_field_index("seats"), "seats", pa.array([1, 2, 3, 4, 2**40], pa.int64())
+    )
+    wide = wide.set_column(
+        wide.schema.get_field_index("fee"), "fee", pa.array([1] * 5, pa.decimal128(12, 2))
+    )
+    with PostgresBackend.connect(postgres_location) as backend:
+        ia.publish(backend, narrow, settings("overwrite", metadata), window(DAY), now=NOW)
+        ia.publish(backend, wide, settings("overwrite", metadata), window(DAY), now=NOW)
+        backend.cur.execute(
+            "SELECT column_name, data_type, numeric_precision FROM information_schema.columns"
+            " WHERE table_schema = 'main' AND table_name = 'trips'"
+            " AND column_name IN ('seats', 'fee') ORDER BY column_name"
+        )
+        assert backend.cur.fetchall() == [("fee", "numeric", 12), ("seats", "bigint", 64)]
+        backend.cur.execute("SELECT max(seats) FROM main.trips")
+        assert backend.cur.fetchall() == [(2**40,)]

@@ -39,9 +39,17 @@ from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
 from idem_assets.lib.backends.delta_types import DELTA_TYPES
 from idem_assets.lib.backends.protocol import CommitConflict, Counts, Scope, Staged, Target
+from idem_assets.lib.errors import SchemaMismatchError
 from idem_assets.lib.identifiers import quote, validate_identifier
 from idem_assets.lib.samples import sample_text
-from idem_assets.lib.schema_fit import fit_columns, refuse_lossy_values, stored_batch
+from idem_assets.lib.schema_fit import (
+    SchemaChange,
+    evolved,
+    fit_columns,
+    refuse_lossy_values,
+    schema_changes,
+    stored_batch,
+)
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import Bound, WriteWindow, spans_for
 
@@ -177,6 +185,8 @@ class DeltaBackend:
         self._pending: Callable[[], None] | None = None
         self._write_batch: pa.Table | None = None
         self._written: pa.Table | None = None
+        #: Whether the pending commit adds the batch's new columns (schema_evolution).
+        self._adds_columns = False
 
     def __enter__(self) -> "DeltaBackend":
         return self
@@ -232,6 +242,7 @@ class DeltaBackend:
         finally:
             self._pending, self._snapshot = None, None
             self._write_batch, self._written = None, None
+            self._adds_columns = False
             self.close()
 
     def evaluator(self) -> duckdb.DuckDBPyConnection:
@@ -255,6 +266,10 @@ class DeltaBackend:
         """Fit the batch to the table (schema_fit), cast it in Arrow, register it for the guards."""
         snap = self._current()
         table = {f.name: f.type for f in snap.schema} if snap.schema is not None else None
+        changes = schema_changes(settings, where, batch.schema, table, DELTA_TYPES)
+        if table is not None and changes:
+            _refuse_widening(settings, where, changes, table)
+            table = evolved(table, changes)
         fits = fit_columns(settings, where, batch.schema, table, DELTA_TYPES)
         refuse_lossy_values(batch, fits, settings, where, DELTA_TYPES)
         unchanged = all(f.name == f.stored_name and f.type == f.stored_type for f in fits)
@@ -274,7 +289,17 @@ class DeltaBackend:
         ptype = next(
             (f.stored_type for f in fits if f.stored_name == spelt_settings.partition_expr), None
         )
-        return Staged(relation=relation, settings=spelt_settings, partition_type=ptype)
+        return Staged(
+            relation=relation,
+            settings=spelt_settings,
+            partition_type=ptype,
+            changes=tuple(changes),
+        )
+
+    def evolve(self, settings: WriteSettings, changes: Sequence[SchemaChange]) -> None:
+        """Add the new columns in the held-back commit itself (Delta's schema merge)."""
+        # Widening was refused in stage(): only added columns reach here.
+        self._adds_columns = any(c.action == "add_column" for c in changes)
 
     def _current(self) -> _Snapshot:
         if self._snapshot is None:
@@ -445,7 +470,13 @@ class DeltaBackend:
                 self._create(scope, snap, data, predicate)
                 return
             self._claim(scope, snap.table)
-            write_deltalake(snap.table, data, mode="overwrite", predicate=predicate)
+            write_deltalake(
+                snap.table,
+                data,
+                mode="overwrite",
+                predicate=predicate,
+                schema_mode="merge" if self._adds_columns else None,
+            )
             self.version, self.committed_uri = snap.table.version(), snap.uri
 
         self._pending = commit
@@ -477,13 +508,19 @@ class DeltaBackend:
                 return
             self._claim(scope, table)
             merger = (
-                table.merge(data, on, source_alias="s", target_alias="t")
+                table.merge(
+                    data, on, source_alias="s", target_alias="t", merge_schema=self._adds_columns
+                )
                 .when_matched_update_all()
                 .when_not_matched_insert_all()
             )
             if settings.delete_missing:
                 merger = merger.when_not_matched_by_source_delete(window)
             merger.execute()
+            if self._adds_columns and owner_of(table) is None:
+                # delta-rs 1.6's schema-merging MERGE writes the table's metadata without its
+                # name, which records the owner: name it again (a metadata-only commit).
+                table.alter.set_table_name(OWNER_PREFIX + settings.asset)
             self.version, self.committed_uri = table.version(), snap.uri
 
         self._pending = commit
@@ -540,7 +577,12 @@ class DeltaBackend:
         if settings.mode == "merge" and scope.table_exists and not settings.delete_missing:
             # An upsert keeps the window's rows whose key the batch does not hold.
             on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in scope.key)
-            kept = ", ".join(f"t.{quote(c)}" for c in columns)
+            # A column this publish adds holds NULL in the rows it keeps.
+            before = self._current().schema
+            stored = set(before.names) if before is not None else set()
+            kept = ", ".join(
+                f"t.{quote(c)}" if c in stored else f"NULL AS {quote(c)}" for c in columns
+            )
             relation += (
                 f" UNION ALL SELECT {kept} FROM {self._target(scope)} t"
                 f" ANTI JOIN {written} s ON {on}"
@@ -591,6 +633,28 @@ class DeltaBackend:
             where = f" WHERE {pred}"
         relation = self._db().sql(f"SELECT {columns} FROM {target}{where}{order}", params=params)
         return relation.to_arrow_table() if arrow else relation.df()
+
+
+def _refuse_widening(
+    settings: WriteSettings,
+    where: str,
+    changes: Sequence[SchemaChange],
+    table: dict[str, pa.DataType],
+) -> None:
+    """Refuse a type the asset opted to widen: delta-rs cannot change a column's type in a write."""
+    widened = [c for c in changes if c.action == "widen_type"]
+    if not widened:
+        return
+    listed = "; ".join(f"{c.column}: table {table[c.column]}, batch {c.type}" for c in widened)
+    keeps = "'add_columns'" if settings.adds_columns else "'strict'"
+    raise SchemaMismatchError(
+        f"Refused to write {where}: schema_evolution asks to widen [{listed}], but Delta Lake"
+        " (delta-rs) cannot change a column's type in the commit that writes the batch; only"
+        " new columns can be added there. Nothing was changed. Fix: cast the batch to the"
+        " table's type (e.g. df['col'] = df['col'].astype(...)), or rewrite the table once"
+        " with the wider type (read it, cast the column, write_deltalake(...,"
+        f" mode='overwrite', schema_mode='overwrite')) and set schema_evolution to {keeps}."
+    )
 
 
 _EVALUATOR: tuple[int, duckdb.DuckDBPyConnection] | None = None

@@ -27,7 +27,16 @@ from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
 from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.samples import format_sample
-from idem_assets.lib.schema_fit import ColumnFit, fit_columns, refuse_lossy_values, stored_batch
+from idem_assets.lib.schema_fit import (
+    ColumnFit,
+    SchemaChange,
+    change_sql,
+    evolved,
+    fit_columns,
+    refuse_lossy_values,
+    schema_changes,
+    stored_batch,
+)
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import WriteWindow, spans_for
 
@@ -233,12 +242,17 @@ class PostgresBackend:
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Cast the batch to the stored names and types in Arrow, and hand it to the guards."""
         table = _arrow_types(self._table_cols, settings) if self._table_cols else None
+        changes = schema_changes(settings, where, batch.schema, table, DIALECT)
+        if table is not None and changes:
+            table = evolved(table, changes)
         fits = fit_columns(settings, where, batch.schema, table, DIALECT)
         refuse_lossy_values(batch, fits, settings, where, DIALECT)
         stored = stored_batch(batch, fits)
         if self._table_cols:
-            # COPY fills columns in the table's order.
-            stored = stored.select(list(self._table_cols))
+            # COPY fills columns in the table's order; an added column comes last, as ADD COLUMN
+            # puts it.
+            added = [c.column for c in changes if c.action == "add_column"]
+            stored = stored.select([*self._table_cols, *added])
         self._fits, self._stored = fits, stored
         name = BATCH_PREFIX + uuid.uuid4().hex
         self.evaluator().register(name, stored)
@@ -256,7 +270,20 @@ class PostgresBackend:
             dedupe_order_by=spelt(settings.dedupe_order_by),
         )
         ptype = by_name[pcol.lower()].stored_type if pcol else None
-        return Staged(relation=quote(name), settings=spelt_settings, partition_type=ptype)
+        return Staged(
+            relation=quote(name),
+            settings=spelt_settings,
+            partition_type=ptype,
+            changes=tuple(changes),
+        )
+
+    def evolve(self, settings: WriteSettings, changes: Sequence[SchemaChange]) -> None:
+        """Run each change's ALTER TABLE: PostgreSQL's DDL is part of the open transaction."""
+        target = qualified(settings.schema, settings.table)
+        for change in changes:
+            self._run(change_sql(target, change, DIALECT))
+        if self._table_cols is not None:
+            self._table_cols |= {c.column: DIALECT.type_sql(c.type) for c in changes}
 
     def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
         """Nothing to refuse: staging floors timestamps to whole microseconds.
