@@ -452,10 +452,12 @@ def files_of(root: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
-def test_a_refusal_writes_no_file_and_no_version(tmp_path: Path, case: str) -> None:
+def test_a_refusal_writes_no_file_and_no_version(
+    request: pytest.FixtureRequest, tmp_path: Path, case: str
+) -> None:
     """The commit is held back until every guard passed: a refused batch leaves no trace."""
     source, io_manager, _ = REFUSALS[case]
-    store = delta_store(tmp_path)
+    store = delta_store(request, tmp_path)
     contract_fill(store, io_manager)
     before = files_of(str(tmp_path / "lake"))
     result = contract_materialize(
