@@ -26,7 +26,11 @@ from idem_assets.lib.errors import (
     SchemaMismatchError,
     StrayRowsError,
 )
-from idem_assets.lib.io_managers import DuckDBMergeIOManager, DuckDBOverwriteIOManager
+from idem_assets.lib.io_managers import (
+    DuckDBMergeIOManager,
+    DuckDBOverwriteIOManager,
+    IdempotentIOManager,
+)
 from idem_assets.lib.outbox import (
     Delivery,
     DeliveryRecord,
@@ -53,6 +57,7 @@ __all__ = [
     "DuplicateKeyError",
     "EmptyBatchError",
     "IdempotencyError",
+    "IdempotentIOManager",
     "InvalidIdentifierError",
     "KeyOutsideWindowError",
     "MissingUpstreamError",
