@@ -22,7 +22,13 @@ import idem_assets as ia
 
 # Aliased: the asset function's input of the same name is the run's own days of it.
 from idem_assets.defs.daily_zone_revenue import daily_zone_revenue as zone_revenue
-from idem_assets.defs.partitions import CHUNKED, DAILY, FIRST_DAY, GROUP, WAREHOUSE_POOL
+from idem_assets.defs.partitions import (
+    CHUNKED,
+    DAILY,
+    FIRST_DAY,
+    GROUP,
+    WAREHOUSE_POOL,
+)
 
 RANGE_START = "dagster/asset_partition_range_start"
 
@@ -112,7 +118,14 @@ def wait_for_earlier_writers(
     limit_s: float = WAIT_LIMIT_S,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Wait until no run in progress is still to publish an earlier day's revenue."""
+    """Wait until no run in progress is still to publish an earlier day's revenue.
+
+    Only where pools hold a slot for a whole run (``granularity: run``, as dagster.yaml sets):
+    with ``op`` granularity this step would hold a slot that the earlier run's steps need.
+    """
+    granularity = context.instance.get_concurrency_config().pool_config.pool_granularity
+    if granularity is None or granularity.value != "run":
+        return
     deadline = time.monotonic() + limit_s
     logged: list[str] = []
     while waiting := earlier_writers(context.instance, context.run.run_id, first):
