@@ -259,6 +259,7 @@ def machine() -> dict[str, str]:
         "dagster",
         "dagster-duckdb",
         "dagster-duckdb-pandas",
+        "adbc-driver-postgresql",
     ):
         facts[dist] = _version(dist)
     return facts

@@ -22,6 +22,7 @@ from benchmarks import (
     bench_materialize,
     bench_memory,
     bench_merge,
+    bench_postgres,
     bench_publish,
     bench_scaling,
     breakdown,
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "backfill": bench_backfill,
     "scaling": bench_scaling,
     "memory": bench_memory,
+    "postgres": bench_postgres,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"
 

@@ -39,6 +39,10 @@ from idem_assets.lib.outbox import (
     content_fingerprint,
     idempotency_key,
 )
+from idem_assets.lib.postgres_io_managers import (
+    PostgresMergeIOManager,
+    PostgresOverwriteIOManager,
+)
 from idem_assets.lib.publish import PublishResult, publish, table_fingerprint
 from idem_assets.lib.settings import WriteSettings, resolve_settings
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, window_from_keys
@@ -64,6 +68,8 @@ __all__ = [
     "NullValueError",
     "Outbox",
     "PartitionWindow",
+    "PostgresMergeIOManager",
+    "PostgresOverwriteIOManager",
     "PublishResult",
     "RuntimeValueError",
     "SchemaMismatchError",

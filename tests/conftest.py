@@ -1,10 +1,13 @@
 """Fixtures every test directory may use: a real PostgreSQL server for the session."""
 
 import os
+import uuid
 from collections.abc import Iterator
 
 import pytest
 from postgres_server import PostgresServer, PostgresUnavailableError, find_bin_dir
+
+from idem_assets.lib.backends.postgres import PostgresLocation
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +24,12 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def postgres_location(postgres_server: PostgresServer) -> PostgresLocation:
+    """A fresh, empty database on the session's server, as the Postgres backend reaches it."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    postgres_server.create_database(name)
+    server = postgres_server
+    return PostgresLocation(server.host, server.port, server.user, name, server.password)

@@ -2,6 +2,7 @@
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -44,3 +45,10 @@ def range_tags(first: str, last: str) -> dict[str, str]:
         "dagster/asset_partition_range_start": first,
         "dagster/asset_partition_range_end": last,
     }
+
+
+def readme_python(heading: str) -> str:
+    """The first Python block under ``heading`` in the README, exactly as printed."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split(f"\n{heading}\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ["publish", "materialize", "merge", "backfill", "scaling", "memory"]
+BENCHMARKS = ["publish", "materialize", "merge", "backfill", "scaling", "memory", "postgres"]
 
 
 @pytest.fixture(scope="module")

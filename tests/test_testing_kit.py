@@ -31,7 +31,7 @@ from idem_assets.testing import (
     assert_rerun_idempotent,
     assert_rerun_safe,
 )
-from tests.helpers import DAILY
+from tests.helpers import DAILY, readme_python
 
 DAY = "2026-01-02"
 RANGE = ("2026-01-01", "2026-01-02")
@@ -362,13 +362,6 @@ def test_an_outbox_action_whose_content_changes_every_run_fails_the_rerun(
     assert "the rerun performed 1 outbox action(s) again, e.g. 'email_totals' revision 2" in str(
         err
     )
-
-
-def readme_python(heading: str) -> str:
-    """The first Python block under ``heading`` in the README, exactly as printed."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split(f"\n{heading}\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 def test_the_readme_kit_example_runs_as_printed(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ import pyarrow as pa
 
 from idem_assets.lib import guards
 from idem_assets.lib.backends.duckdb import DuckDBBackend
-from idem_assets.lib.backends.duckdb_columns import refuse_repeated_names
 from idem_assets.lib.backends.protocol import Backend, Counts, Scope, Target
 from idem_assets.lib.runtime_values import check_runtime_values
+from idem_assets.lib.schema_fit import refuse_repeated_names
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import PartitionWindow, WriteWindow, partition_bounds, spans_for
 
@@ -88,7 +88,7 @@ def publish(
     where = f"asset '{settings.asset}'"
     if window:
         where += f", partition {window.describe()}"
-    refuse_repeated_names(batch.column_names, where)
+    refuse_repeated_names(batch.column_names, where, backend.engine)
     with backend.transaction(where):
         result = _publish_in_transaction(backend, batch, settings, window, where, now, hook)
         hook("before_commit")

@@ -1,8 +1,8 @@
 """The backends under test: one factory each. A new engine is done when it passes this suite.
 
-A factory takes a fresh directory and returns a :class:`Store`: how to open the engine's backend,
-its two IO managers, and how to read a table back. Add Postgres or Delta Lake by adding one
-factory to ``FACTORIES``.
+A factory takes the test's request and a fresh directory and returns a :class:`Store`: how to
+open the engine's backend, its two IO managers, and how to read a table back. Add an engine by
+adding one factory to ``FACTORIES``.
 """
 
 from collections.abc import Callable, Iterator
@@ -16,6 +16,7 @@ import pytest
 
 import idem_assets as ia
 from idem_assets.lib.backends.duckdb import DuckDBBackend
+from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
 from idem_assets.lib.backends.protocol import Backend
 
 
@@ -37,7 +38,7 @@ class Store:
         return {"io_manager": self.overwrite(), "merge_io_manager": self.merge()}
 
 
-def duckdb_store(directory: Path) -> Store:
+def duckdb_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     """The DuckDB backend on a database file."""
     database = str(directory / "warehouse.duckdb")
 
@@ -70,10 +71,53 @@ def duckdb_store(directory: Path) -> Store:
     )
 
 
-FACTORIES: dict[str, Callable[[Path], Store]] = {"duckdb": duckdb_store}
+#: The environment variable the Postgres IO managers read the test server's password from.
+PASSWORD_ENV = "IDEM_TEST_PG_PASSWORD"
+
+
+def postgres_store(request: pytest.FixtureRequest, directory: Path) -> Store:
+    """The Postgres backend on a fresh database of the session's server."""
+    location: PostgresLocation = request.getfixturevalue("postgres_location")
+    request.getfixturevalue("monkeypatch").setenv(PASSWORD_ENV, str(location.password))
+    config = {
+        "host": location.host,
+        "port": location.port,
+        "user": location.user,
+        "database": location.database,
+        "password_env": PASSWORD_ENV,
+    }
+
+    def rows(table: str) -> list[tuple]:
+        with PostgresBackend.connect(location) as backend:
+            backend.cur.execute(f'SELECT * FROM main."{table}"')
+            return sorted(backend.cur.fetchall())
+
+    def snapshot() -> dict[str, str | None]:
+        with PostgresBackend.connect(location) as backend:
+            backend.cur.execute(
+                "SELECT schemaname, tablename FROM pg_tables WHERE schemaname NOT IN"
+                " ('pg_catalog', 'information_schema') ORDER BY 1, 2"
+            )
+            tables = backend.cur.fetchall()
+            return {f"{s}.{t}": ia.table_fingerprint(backend, s, t) for s, t in tables}
+
+    return Store(
+        name="postgres",
+        open=lambda: PostgresBackend.connect(location),
+        overwrite=lambda: ia.PostgresOverwriteIOManager(**config),
+        merge=lambda: ia.PostgresMergeIOManager(**config),
+        rows=rows,
+        snapshot=snapshot,
+    )
+
+
+FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
+    "duckdb": duckdb_store,
+    "postgres": postgres_store,
+}
 
 
 @pytest.fixture(params=sorted(FACTORIES))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     """A fresh store of each backend in turn."""
-    return FACTORIES[request.param](tmp_path)
+    return FACTORIES[request.param](request, tmp_path)

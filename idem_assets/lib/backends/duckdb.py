@@ -1,9 +1,13 @@
 """The DuckDB backend: stages, counts, writes and fingerprints a window in one DuckDB transaction.
 
 The refusals are the guards' (:mod:`idem_assets.lib.guards`); this module holds only what DuckDB
-does differently: its catalog, its casts and rounding (:mod:`.duckdb_columns`) and its dialect
-(:mod:`.duckdb_sql`). The staged batch is a view over the registered Arrow batch, so the guards
-judge it in this same connection without a copy.
+does differently: its catalog, its type names and casts (:mod:`.duckdb_types`) and its dialect
+(:mod:`.duckdb_sql`). Which column goes where is :mod:`idem_assets.lib.schema_fit`'s decision.
+
+The staged batch is a view over the registered Arrow batch that casts it the way DuckDB stores it,
+rounding timestamps to the column's unit, so the guards judge it in this same connection without
+a copy, and a value the rounding moves out of the window is refused (``refuse_rounded_out``) with
+the floor that keeps it in, rather than silently floored.
 """
 
 import uuid
@@ -18,16 +22,17 @@ import pyarrow as pa
 
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
-from idem_assets.lib.backends.duckdb_columns import (
-    FLOOR_UNIT,
-    StagedColumn,
-    refuse_lossy_values,
-    stage_columns,
+from idem_assets.lib.backends.duckdb_types import (
+    DUCKDB_TYPES,
+    arrow_type,
+    cast_sql,
+    duckdb_type,
 )
 from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
 from idem_assets.lib.errors import StrayRowsError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.samples import format_sample, sample_text
+from idem_assets.lib.schema_fit import ColumnFit, fit_columns, refuse_lossy_values
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import WriteWindow, spans_for
 
@@ -41,18 +46,12 @@ OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
 _OWNERS_NAME = (OWNERS_SCHEMA, OWNERS_TABLE)
 
 _UNIT_NAMES = {"us": "microsecond", "ms": "millisecond", "s": "second"}
-_ARROW_UNITS = {"TIMESTAMP_S": "s", "TIMESTAMP_MS": "ms", "TIMESTAMP_NS": "ns"}
 
 
 def _one(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> tuple:
     # Fetch to the end: DuckDB 2 refuses other work on a connection with an unfinished result.
     rows = conn.execute(query, list(params)).fetchall()
     return rows[0] if rows else ()
-
-
-def column_types(conn: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
-    """Column name to DuckDB type of a table, view or registered Arrow table."""
-    return {row[0]: row[1] for row in conn.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
 
 
 def table_columns(
@@ -70,15 +69,6 @@ def table_columns(
     return {r[0]: r[1] for r in rows} if rows else None
 
 
-def arrow_type(column_type: str) -> pa.DataType:
-    """The Arrow type of a DuckDB date or timestamp column (what window bounds depend on)."""
-    if column_type == "DATE":
-        return pa.date32()
-    if "TIME ZONE" in column_type or column_type.startswith("TIMESTAMPTZ"):
-        return pa.timestamp("us", tz="UTC")
-    return pa.timestamp(_ARROW_UNITS.get(column_type, "us"))
-
-
 class DuckDBBackend:
     """Publishes through one open DuckDB connection; the caller owns (and closes) it."""
 
@@ -87,11 +77,12 @@ class DuckDBBackend:
     def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
         """Wrap ``conn``; nothing is read until a publish asks."""
         self.conn = conn
-        self._table_cols: dict[str, str] | None = None
+        #: The table's columns as the catalog spells their types (None: no table yet).
+        self._table_sql: dict[str, str] | None = None
         self._owners_exist = False
         self._registered: list[str] = []
         self._views: list[str] = []
-        self._columns: list[StagedColumn] = []
+        self._columns: list[ColumnFit] = []
         self._raw = ""
 
     @contextmanager
@@ -141,7 +132,7 @@ class DuckDBBackend:
             " ?)) ORDER BY column_index",
             [OWNERS_TABLE, OWNERS_SCHEMA, settings.schema, settings.table, *_OWNERS_NAME],
         ).fetchall()
-        self._table_cols = {name: kind for own, name, kind in rows if not own} or None
+        self._table_sql = {name: kind for own, name, kind in rows if not own} or None
         self._owners_exist = any(own for own, _, _ in rows)
         owner = None
         if self._owners_exist:
@@ -150,36 +141,32 @@ class DuckDBBackend:
                 [settings.schema.lower(), settings.table.lower()],
             ).fetchall()
             owner = found[0][0] if found else None
-        return Target(exists=self._table_cols is not None, owner=owner)
+        return Target(exists=self._table_sql is not None, owner=owner)
 
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Register the batch and, where a type or name differs, a view casting it as stored."""
         conn = self.conn
+        table = None
+        if self._table_sql is not None:
+            table = {c: arrow_type(t) for c, t in self._table_sql.items()}
+        columns = fit_columns(settings, where, batch.schema, table, DUCKDB_TYPES)
+        refuse_lossy_values(batch, columns, settings, where, DUCKDB_TYPES)
         # Unique per publish: cursors of one connection share its registered names.
         token = uuid.uuid4().hex
         raw, staged = BATCH_PREFIX + token, STAGED_PREFIX + token
         conn.register(raw, batch)
         self._registered.append(raw)
         self._raw = quote(raw)
-        columns = stage_columns(settings, where, column_types(conn, quote(raw)), self._table_cols)
-        checked = [c for c in columns if c.conversion == "checked"]
-        if checked:
-            found = _one(
-                conn,
-                sql.lossy_values(quote(raw), [(c.name, c.type, c.stored_type) for c in checked]),
-            )
-            for i, column in enumerate(checked):
-                if found[2 * i]:
-                    target = f"{settings.schema}.{settings.table}"
-                    refuse_lossy_values(where, target, column, found[2 * i], found[2 * i + 1])
+        self._columns = columns
         source = quote(raw)
-        if any(c.conversion != "same" or c.name != c.stored_name for c in columns):
-            selects = ", ".join(c.select() for c in columns)
+        if any(self._stored_expression(c) != quote(c.stored_name) for c in columns):
+            selects = ", ".join(
+                f"{self._stored_expression(c)} AS {quote(c.stored_name)}" for c in columns
+            )
             # A temporary view, dropped by the rollback or before the commit.
             conn.execute(f"CREATE TEMP VIEW {quote(staged)} AS SELECT {selects} FROM {source}")
             source = quote(staged)
             self._views.append(source)
-        self._columns = columns
         stored = {c.name.lower(): c.stored_name for c in columns}
 
         def spelt(names: Sequence[str]) -> tuple[str, ...]:
@@ -193,11 +180,7 @@ class DuckDBBackend:
             dedupe_order_by=spelt(settings.dedupe_order_by),
         )
         ptype = next(
-            (
-                arrow_type(c.stored_type)
-                for c in columns
-                if c.stored_name == spelt_settings.partition_expr
-            ),
+            (c.stored_type for c in columns if c.stored_name == spelt_settings.partition_expr),
             None,
         )
         return Staged(relation=source, settings=spelt_settings, partition_type=ptype)
@@ -208,27 +191,37 @@ class DuckDBBackend:
         if window is None or scope.pcol is None:
             return
         column = next(c for c in self._columns if c.stored_name == scope.pcol)
-        if column.type == column.stored_type:
+        if column.type == column.stored_type or not pa.types.is_timestamp(column.stored_type):
             return
-        batch_spans = spans_for(window, arrow_type(column.type))
-        q, p = sql.rounded_out_of_window(
-            self._raw, column.name, column.stored_expression, batch_spans, scope.spans
-        )
+        batch_spans = spans_for(window, column.type)
+        stored = self._stored_expression(column)
+        q, p = sql.rounded_out_of_window(self._raw, column.name, stored, batch_spans, scope.spans)
         found = self.conn.execute(q, p).fetchall()
         if not found:
             return
-        unit = FLOOR_UNIT.get(column.stored_type, "us")
+        unit = column.stored_type.unit
         c = column.name
         raise StrayRowsError(
             f"Refused to write {scope.where}: {found[0][2]} of {rows} rows have '{c}' inside the"
-            f" window at the batch's precision ({column.type}) but outside it as stored: the"
-            f" table's {column.stored_type} rounds to the nearest {_UNIT_NAMES[unit]}, so"
+            f" window at the batch's precision ({duckdb_type(column.type)}) but outside it as"
+            f" stored: the table's {self._stored_sql(column)} rounds to the nearest"
+            f" {_UNIT_NAMES[unit]}, so"
             f" {found[0][0]} becomes {found[0][1]}. Stored there, a row would belong to the next"
             " partition: that partition's run would delete it, and every rerun of this one would"
             " add it again. Nothing was changed. Fix: floor the column to the stored precision"
             f" before returning it, e.g. df['{c}'] = df['{c}'].dt.floor('{unit}'). Sample:\n"
             + format_sample(["batch_value", "stored_value"], [r[:2] for r in found])
         )
+
+    def _stored_sql(self, column: ColumnFit) -> str:
+        """The stored column's DuckDB type: the catalog's, or the one a new table takes."""
+        if self._table_sql is not None:
+            return self._table_sql[column.stored_name]
+        return DUCKDB_TYPES.type_sql(column.stored_type)
+
+    def _stored_expression(self, column: ColumnFit) -> str:
+        """The batch value as it will be stored: cast (and rounded) by DuckDB."""
+        return cast_sql(quote(column.name), duckdb_type(column.type), self._stored_sql(column))
 
     def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
         """The table's columns as Arrow types, read from a zero-row select."""

@@ -145,21 +145,6 @@ def rounded_out_of_window(
     )
 
 
-def lossy_values(source: str, casts: Sequence[tuple[str, str, str]], limit: int = 3) -> str:
-    """Per column, values that do not survive the cast and back: ``(column, type, stored)``.
-
-    Columns returned: per entry, the count of such values and a list of up to ``limit`` of them.
-    """
-    parts = []
-    for column, batch_type, stored_type in casts:
-        c = quote(validate_identifier(column, "column"))
-        back = f"TRY_CAST(CAST({c} AS {stored_type}) AS {batch_type})"
-        lost = f"{c} IS NOT NULL AND {back} IS DISTINCT FROM {c}"
-        examples = f"(list({c} ORDER BY {c}) FILTER (WHERE {lost}))[1:{int(limit)}]"
-        parts.append(f"count(*) FILTER (WHERE {lost}), {examples}")
-    return f"SELECT {', '.join(parts)} FROM {source}"
-
-
 def partition_fingerprints(
     target: str,
     columns: Sequence[str],

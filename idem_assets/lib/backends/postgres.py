@@ -1,0 +1,483 @@
+"""The PostgreSQL backend: one transaction per publish, binary COPY of Arrow, per-day locks.
+
+The refusals are the guards' (:mod:`idem_assets.lib.guards`), decided on the staged Arrow batch
+in an embedded DuckDB: nothing goes to the server before they pass, except the batch's keys for
+a merge (a temporary table the transaction drops). Writers of one window queue on
+transaction-scoped advisory locks, one per partition, taken in sorted order, so two writers of a
+day can never double it while writers of other days run in parallel; readers are never blocked.
+Rows travel as Arrow over the ADBC driver's binary COPY.
+"""
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import adbc_driver_postgresql.dbapi as adbc
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from idem_assets.lib import batch_sql, guards
+from idem_assets.lib.backends import postgres_sql as sql
+from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type
+from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
+from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
+from idem_assets.lib.identifiers import qualified, quote
+from idem_assets.lib.samples import format_sample
+from idem_assets.lib.schema_fit import ColumnFit, fit_columns, refuse_lossy_values, stored_batch
+from idem_assets.lib.settings import WriteSettings
+from idem_assets.lib.windows import WriteWindow, spans_for
+
+#: The library's own names are not plain identifiers, so no asset, schema or column can be
+#: given one (validate_identifier refuses them) and shadow or be shadowed by them.
+BATCH_PREFIX = "idem-batch-"
+KEYS_PREFIX = "idem-keys-"
+OWNERS_SCHEMA = "public"
+OWNERS_TABLE = "idem-table-owners"
+OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
+#: Pinned per session: the fingerprint hashes each row's text, which these settings shape.
+SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c extra_float_digits=1"
+DIALECT = PostgresTypes()
+
+
+@dataclass(frozen=True)
+class PostgresLocation:
+    """Where the warehouse is: a server, a database and a login (the password is never shown)."""
+
+    host: str
+    port: int
+    user: str
+    database: str
+    password: str | None = field(default=None, repr=False)
+    #: Further libpq parameters, e.g. ``{"sslmode": "require"}``.
+    options: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_url(cls, url: str, password: str | None = None) -> "PostgresLocation":
+        """Parse ``postgresql://user@host:port/database?sslmode=...``; ``password`` wins."""
+        parts = urlsplit(url)
+        if parts.scheme.split("+")[0] not in ("postgresql", "postgres") or not parts.path[1:]:
+            raise ConfigurationError(
+                f"The PostgreSQL URL {_redacted(url, parts.password)!r} is not of the form"
+                " postgresql://user@host:5432/database. Nothing was changed. Fix: set url to"
+                " such a URL, or set host, port, user and database instead."
+            )
+        return cls(
+            host=parts.hostname or "localhost",
+            port=parts.port or 5432,
+            user=unquote(parts.username or ""),
+            database=unquote(parts.path[1:]),
+            password=password if password is not None else _unquoted(parts.password),
+            options=dict(parse_qsl(parts.query)),
+        )
+
+    def describe(self) -> str:
+        """The location for messages: ``postgresql://user@host:port/database``."""
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
+
+    def conninfo(self) -> str:
+        """The keyword/value connection string libpq reads, every value quoted."""
+        values = {
+            "host": self.host,
+            "port": str(self.port),
+            "user": self.user,
+            "dbname": self.database,
+            **self.options,
+            "options": SESSION_OPTIONS,
+        }
+        if self.password is not None:
+            values["password"] = self.password
+        return " ".join(f"{k}={_libpq_quote(v)}" for k, v in values.items())
+
+
+def _unquoted(value: str | None) -> str | None:
+    return unquote(value) if value is not None else None
+
+
+def _redacted(text: str, password: str | None) -> str:
+    return text.replace(password, "***") if password else text
+
+
+def _libpq_quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class PostgresConnectionError(ConnectionError):
+    """The server refused or could not be reached; the message never holds the password."""
+
+
+@contextmanager
+def postgres_connection(location: PostgresLocation) -> Iterator[adbc.Connection]:
+    """An ADBC connection to ``location`` (autocommit off) that is closed on every path."""
+    try:
+        conn = adbc.connect(location.conninfo())
+    except adbc.Error as exc:
+        # libpq names the server and the login, never the password; redact it all the same.
+        message = _redacted(str(exc), location.password)
+        raise PostgresConnectionError(
+            f"Could not connect to {location.describe()}: {message.strip()} Fix: start the"
+            " server or correct host, port, user and database; the password comes from the"
+            " environment variable the IO manager's password_env names."
+        ) from None
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+class PostgresBackend:
+    """Publishes through one open ADBC connection; the caller owns (and closes) it."""
+
+    engine = "Postgres"
+
+    def __init__(self, conn: adbc.Connection) -> None:
+        """Wrap ``conn``; nothing is read until a publish asks."""
+        self.conn = conn
+        self.cur = conn.cursor()
+        self._duck: duckdb.DuckDBPyConnection | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._where = ""
+        self._table_cols: dict[str, str] | None = None
+        self._fits: list[ColumnFit] = []
+        self._stored: pa.Table | None = None
+        self._registered: list[str] = []
+        self._temp: list[str] = []
+        self._keys = ""
+        self._locked = False
+
+    def close(self) -> None:
+        """Close the cursor and the embedded evaluator (not the connection)."""
+        self.cur.close()
+        if self._duck is not None:
+            self._duck.close()
+
+    @classmethod
+    @contextmanager
+    def connect(cls, location: PostgresLocation) -> Iterator["PostgresBackend"]:
+        """A backend on a new connection to ``location``; both are closed after."""
+        with postgres_connection(location) as conn:
+            backend = cls(conn)
+            try:
+                yield backend
+            finally:
+                backend.close()
+
+    def _run(self, statement: str | sql.Statement) -> None:
+        query, params = (statement, []) if isinstance(statement, str) else statement
+        self.cur.execute(query, params or None)
+
+    def _rows(self, statement: str | sql.Statement) -> list[tuple[Any, ...]]:
+        self._run(statement)
+        return self.cur.fetchall()
+
+    @contextmanager
+    def transaction(self, where: str) -> Iterator[None]:
+        """One transaction: COMMIT when the body returns, ROLLBACK when it raises."""
+        # Ends whatever a read before this left open, so the publish starts a transaction anew.
+        self.conn.rollback()
+        self._reset()
+        self._where = where
+        try:
+            yield
+            for name in self._temp:
+                # Dropped inside the transaction, so a commit leaves nothing behind.
+                self._run(f"DROP TABLE IF EXISTS {name}")
+            self.conn.commit()
+        except BaseException as exc:
+            try:
+                self.conn.rollback()
+            except adbc.Error:
+                # A broken connection has ended the transaction: report what got us here.
+                pass
+            if isinstance(exc, adbc.Error):
+                exc.add_note(_database_failed(where))
+            raise
+        finally:
+            if self._duck is not None:
+                for name in self._registered:
+                    self._duck.unregister(name)
+            self._registered = []
+
+    def evaluator(self) -> duckdb.DuckDBPyConnection:
+        """An embedded DuckDB holding the staged batch: the guards never query the server."""
+        if self._duck is None:
+            self._duck = duckdb.connect()
+        return self._duck
+
+    def describe(self, settings: WriteSettings) -> Target:
+        """One catalog query for the table's columns and the owners table."""
+        rows = self._rows(
+            sql.describe((OWNERS_SCHEMA, OWNERS_TABLE), settings.schema, settings.table)
+        )
+        self._table_cols = {name: kind for own, name, kind in rows if not own} or None
+        owner = None
+        if any(own for own, _, _ in rows):
+            owner = self._owner(settings)
+        return Target(exists=self._table_cols is not None, owner=owner)
+
+    def _owner(self, settings: WriteSettings) -> str | None:
+        found = self._rows(
+            (
+                f"SELECT asset_key FROM {OWNERS} WHERE schema_key = $1 AND table_key = $2",
+                [settings.schema.lower(), settings.table.lower()],
+            )
+        )
+        return found[0][0] if found else None
+
+    def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
+        """Cast the batch to the stored names and types in Arrow, and hand it to the guards."""
+        table = _arrow_types(self._table_cols, settings) if self._table_cols else None
+        fits = fit_columns(settings, where, batch.schema, table, DIALECT)
+        refuse_lossy_values(batch, fits, settings, where, DIALECT)
+        stored = stored_batch(batch, fits)
+        if self._table_cols:
+            # COPY fills columns in the table's order.
+            stored = stored.select(list(self._table_cols))
+        self._fits, self._stored = fits, stored
+        name = BATCH_PREFIX + uuid.uuid4().hex
+        self.evaluator().register(name, stored)
+        self._registered.append(name)
+        by_name = {f.name.lower(): f for f in fits}
+
+        def spelt(names: Sequence[str]) -> tuple[str, ...]:
+            return tuple(by_name[n.lower()].stored_name for n in names)
+
+        pcol = settings.partition_expr
+        spelt_settings = replace(
+            settings,
+            partition_expr=by_name[pcol.lower()].stored_name if pcol else None,
+            primary_key=spelt(settings.primary_key),
+            dedupe_order_by=spelt(settings.dedupe_order_by),
+        )
+        ptype = by_name[pcol.lower()].stored_type if pcol else None
+        return Staged(relation=quote(name), settings=spelt_settings, partition_type=ptype)
+
+    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
+        """Nothing to refuse: staging floors timestamps to whole microseconds.
+
+        Window bounds are whole microseconds too, so a floored value stays on its side of them.
+        """
+
+    def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
+        """The table's columns as Arrow types, or ``None`` when there is no table."""
+        cols = self._columns(settings.schema, settings.table)
+        return _arrow_types(cols, settings) if cols is not None else None
+
+    def _columns(self, schema: str, table: str) -> dict[str, str] | None:
+        rows = self._rows(sql.table_columns(schema, table))
+        return dict(rows) if rows else None
+
+    def _lock(self, scope: Scope) -> None:
+        """Wait for every other writer of this window: one lock per partition, sorted."""
+        if self._locked:
+            return
+        s = scope.settings
+        parts: list[str | None] = list(scope.window.keys) if scope.window and scope.pcol else [None]
+        for key in sorted({sql.lock_key(s.schema, s.table, p) for p in parts}):
+            self._rows(("SELECT pg_advisory_xact_lock($1)", [key]))
+        self._locked = True
+
+    def count_window(self, scope: Scope) -> Counts:
+        """Rows the window holds now (per partition of a range), once this writer holds it."""
+        self._lock(scope)
+        if not scope.table_exists:
+            return {}
+        target = _target(scope)
+        if scope.bounds and scope.pcol:
+            return dict(self._rows(sql.count_by_partition(target, scope.pcol, scope.bounds)))
+        return {None: self._rows(sql.count_window(target, scope.pcol, scope.spans))[0][0]}
+
+    def _keys_table(self, scope: Scope) -> str:
+        """The batch's distinct keys in a temporary table, for the server to join against."""
+        if not self._keys:
+            kc = ", ".join(batch_sql.quoted_columns(scope.key))
+            keys = self.evaluator().sql(f"SELECT DISTINCT {kc} FROM {scope.staged.relation}")
+            name = KEYS_PREFIX + uuid.uuid4().hex
+            self.cur.adbc_ingest(name, keys.to_arrow_table(), mode="create", temporary=True)
+            self._keys = f"pg_temp.{quote(name)}"
+            self._temp.append(self._keys)
+            # Temporary tables are never auto-analysed; without statistics the join is guessed.
+            self._run(f"ANALYZE {self._keys}")
+        return self._keys
+
+    def count_keys(self, scope: Scope) -> tuple[Counts, int]:
+        """For a merge, the window's rows whose key the batch holds, and those elsewhere."""
+        if scope.settings.mode != "merge" or not scope.table_exists:
+            return {}, 0
+        self._lock(scope)
+        target, keys, key, pcol = _target(scope), self._keys_table(scope), scope.key, scope.pcol
+        if scope.bounds and pcol:
+            q = sql.matched_by_partition(target, keys, key, pcol, scope.bounds)
+            matched: Counts = dict(self._rows(q))
+            return matched, matched.pop(None, 0)
+        in_window, outside = self._rows(sql.merge_counts(target, keys, key, pcol, scope.spans))[0]
+        return {None: in_window}, outside
+
+    def keys_elsewhere_sample(self, scope: Scope) -> str:
+        """A few target rows outside the window whose key the batch holds."""
+        q = sql.keys_outside_window_sample(
+            _target(scope), self._keys_table(scope), scope.key, str(scope.pcol), scope.spans
+        )
+        rows = self._rows(q)
+        return format_sample([d[0] for d in self.cur.description or []], rows)
+
+    def claim(self, settings: WriteSettings) -> None:
+        """Record the asset as the owner of its table, unless another writer just did."""
+        self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
+        self._run(
+            f"CREATE TABLE IF NOT EXISTS {OWNERS} (schema_key text, table_key text,"
+            " asset_key text NOT NULL, PRIMARY KEY (schema_key, table_key))"
+        )
+        self._run(
+            (
+                f"INSERT INTO {OWNERS} VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                [settings.schema.lower(), settings.table.lower(), settings.asset],
+            )
+        )
+        owner = self._owner(settings)
+        if owner is not None:
+            guards.refuse_other_owner(settings, self._where, owner, OWNERS)
+
+    def owners_text(self) -> str:
+        """The owners table as SQL spells it."""
+        return OWNERS
+
+    def _create(self, scope: Scope) -> None:
+        if scope.table_exists:
+            return
+        self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
+        self._run(f"CREATE SCHEMA IF NOT EXISTS {quote(scope.settings.schema)}")
+        columns = [(f.stored_name, DIALECT.type_sql(f.stored_type)) for f in self._fits]
+        self._run(sql.create_table(_target(scope), columns))
+
+    def _copy(self, scope: Scope, rows: pa.Table) -> int:
+        """Binary COPY of ``rows`` into the target, in this transaction."""
+        s = scope.settings
+        self.cur.adbc_ingest(s.table, rows, mode="append", db_schema_name=s.schema)
+        return rows.num_rows
+
+    def replace(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
+        """Delete the window (the whole table when unpartitioned), then COPY the batch in."""
+        self._lock(scope)
+        self._create(scope)
+        if scope.pcol:
+            self._run(sql.delete_window(_target(scope), scope.pcol, scope.spans))
+        else:
+            self._run(sql.delete_all(_target(scope)))
+        on_stage("deleted")
+        return self._copy(scope, self._staged_rows())
+
+    def merge(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
+        """Delete the batch's keys (the whole window with delete_missing), COPY the batch in."""
+        self._lock(scope)
+        self._create(scope)
+        settings, target = scope.settings, _target(scope)
+        if settings.delete_missing and scope.pcol:
+            self._run(sql.delete_window(target, scope.pcol, scope.spans))
+        elif settings.delete_missing:
+            self._run(sql.delete_all(target))
+        else:
+            self._run(sql.delete_matching_keys(target, self._keys_table(scope), scope.key))
+        on_stage("deleted")
+        rows = self._staged_rows()
+        if settings.dedupe_order_by:
+            columns = [f.stored_name for f in self._fits]
+            query = batch_sql.dedupe(
+                scope.staged.relation, scope.key, settings.dedupe_order_by, columns
+            )
+            rows = self.evaluator().sql(query).to_arrow_table().select(rows.column_names)
+        return self._copy(scope, rows)
+
+    def _staged_rows(self) -> pa.Table:
+        if self._stored is None:
+            raise RuntimeError("stage() must run before a write")
+        return self._stored
+
+    def fingerprints(self, scope: Scope) -> dict[str | None, tuple[int, int]]:
+        """Count and hash sum of the window now, per partition of a range."""
+        columns = [f.stored_name for f in self._fits]
+        if scope.bounds and scope.pcol:
+            q = sql.partition_fingerprints(_target(scope), columns, scope.pcol, scope.bounds)
+            return {k: (n, int(d)) for k, n, d in self._rows(q)}
+        count, digest = self._rows(
+            sql.fingerprint(_target(scope), columns, scope.pcol, scope.spans)
+        )[0]
+        return {None: (count, int(digest))}
+
+    def fingerprint_table(
+        self, schema: str, table: str, partition_column: str | None, window: WriteWindow | None
+    ) -> tuple[int, int] | None:
+        """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
+        cols = self._columns(schema, table)
+        if cols is None:
+            return None
+        spans = []
+        if partition_column and window:
+            spans = spans_for(window, _arrow_type(cols, partition_column, f"{schema}.{table}"))
+        # The library's own table has a name no user table can have, so it skips that check.
+        own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
+        target = OWNERS if own else qualified(schema, table)
+        count, digest = self._rows(sql.fingerprint(target, list(cols), partition_column, spans))[0]
+        return count, int(digest)
+
+    def load(
+        self, settings: WriteSettings, window: WriteWindow | None, nothing: bool, arrow: bool
+    ) -> pa.Table | pd.DataFrame:
+        """The window's rows (the whole table without one), in partition order."""
+        cols = self._columns(settings.schema, settings.table) or {}
+        types = _arrow_types(cols, settings)
+        pcol = settings.partition_expr
+        spans = spans_for(window, types[pcol]) if window and pcol else []
+        target = qualified(settings.schema, settings.table)
+        self._run(sql.select_window(target, pcol, spans, nothing))
+        table = _as_stored(self.cur.fetch_arrow_table(), types)
+        return table if arrow else table.to_pandas()
+
+
+def _target(scope: Scope) -> str:
+    return qualified(scope.settings.schema, scope.settings.table)
+
+
+def _arrow_type(cols: dict[str, str], name: str, table: str) -> pa.DataType:
+    found = arrow_type(cols[name])
+    if found is None:
+        raise SchemaMismatchError(
+            f"Refused: column {table}.{name} is {cols[name]}, a PostgreSQL type this backend does"
+            " not read or write. Nothing was changed. Fix: store it as a type the binary COPY"
+            f" maps to Arrow, e.g. ALTER TABLE {table} ALTER COLUMN {DIALECT.sql_name(name)}"
+            f" TYPE text USING {DIALECT.sql_name(name)}::text."
+        )
+    return found
+
+
+def _arrow_types(cols: dict[str, str], settings: WriteSettings) -> dict[str, pa.DataType]:
+    table = f"{settings.schema}.{settings.table}"
+    return {name: _arrow_type(cols, name, table) for name in cols}
+
+
+def _as_stored(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
+    """The fetched rows in the table's Arrow types, without the driver's field metadata."""
+    columns = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if isinstance(column.type, pa.BaseExtensionType):
+            # numeric arrives as its text; Arrow parses it into the declared decimal.
+            storage = [chunk.storage for chunk in column.chunks]
+            column = pa.chunked_array(storage, column.type.storage_type)
+        columns.append(column.cast(types[name]) if name in types else column)
+    return pa.Table.from_arrays(columns, names=table.column_names)
+
+
+def _database_failed(where: str) -> str:
+    return (
+        f"Publishing {where} failed inside the database. The write is one transaction, so the"
+        " window holds its previous rows (or, if the commit reached the server before the"
+        " failure, this whole batch), never a mix. Fix the cause named above, then rerun the"
+        " partition: free disk space for 'No space left on device'; grant the login INSERT,"
+        " DELETE and CREATE for 'permission denied'; let the other writer finish for a lock"
+        " timeout or a serialization failure."
+    )

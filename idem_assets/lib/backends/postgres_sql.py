@@ -1,0 +1,252 @@
+"""PostgreSQL's dialect for the statements that read and write a target table.
+
+Each function takes validated identifiers (and window bounds) and returns SQL text with ``$n``
+placeholders plus the parameters to bind. Nothing here opens a connection.
+"""
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+from idem_assets.lib.batch_sql import (
+    Bound,
+    Statement,
+    partition_case,
+    quoted_columns,
+    window_predicate,
+)
+from idem_assets.lib.identifiers import quote
+
+_PLACEHOLDER = re.compile(r"\?")
+
+
+def numbered(statement: Statement) -> Statement:
+    """``statement`` with its ``?`` placeholders numbered ``$1, $2, ...`` as libpq binds them."""
+    query, params = statement
+    counter = iter(range(1, len(params) + 1))
+    # Safe: identifiers are validated plain names and no statement here holds a string literal.
+    return _PLACEHOLDER.sub(lambda _: f"${next(counter)}", query), params
+
+
+def lock_key(schema: str, table: str, partition: str | None) -> int:
+    """The advisory lock of one partition of a table (the whole table when ``None``).
+
+    A signed 64-bit hash computed here rather than by ``hashtext`` on the server, so every
+    writer sorts its locks by the very numbers it locks: overlapping windows then take their
+    common locks in one order and cannot deadlock. A collision only makes two windows wait for
+    each other.
+    """
+    text = f"{schema}\x00{table}\x00{partition if partition is not None else ''}"
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+#: The lock every writer takes before it creates a schema, a table or the owners record.
+DDL_LOCK = lock_key("idem", "ddl", None)
+
+
+def describe(owners: tuple[str, str], schema: str, table: str) -> Statement:
+    """The columns of the target and of the owners table: rows of ``(is_owners, name, type)``."""
+    return numbered(
+        (
+            "SELECT n.nspname = ? AND c.relname = ?, a.attname, format_type(a.atttypid,"
+            " a.atttypmod) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid ="
+            " c.relnamespace JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum >"
+            " 0 AND NOT a.attisdropped WHERE c.relkind IN ('r', 'p') AND ((n.nspname = ? AND"
+            " c.relname = ?) OR (n.nspname = ? AND c.relname = ?)) ORDER BY a.attnum",
+            [*owners, schema, table, *owners],
+        )
+    )
+
+
+def table_columns(schema: str, table: str) -> Statement:
+    """A table's columns in order: rows of ``(name, type)``."""
+    return numbered(
+        (
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute"
+            " a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN pg_catalog.pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND n.nspname = ? AND"
+            " c.relname = ? AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            [schema, table],
+        )
+    )
+
+
+def create_table(target: str, columns: Sequence[tuple[str, str]]) -> str:
+    """Create ``target`` with ``(name, type_sql)`` columns unless another writer just did."""
+    cols = ", ".join(f"{quote(name)} {kind}" for name, kind in columns)
+    return f"CREATE TABLE IF NOT EXISTS {target} ({cols})"
+
+
+def count_window(
+    target: str, partition_column: str | None, spans: Sequence[tuple[Bound, Bound]]
+) -> Statement:
+    """Rows currently in the window (the whole table when unpartitioned)."""
+    if partition_column is None:
+        return f"SELECT count(*) FROM {target}", []
+    pred, params = window_predicate(partition_column, spans)
+    return numbered((f"SELECT count(*) FROM {target} WHERE {pred}", params))
+
+
+def count_by_partition(
+    target: str, partition_column: str, partitions: Sequence[tuple[str, Bound, Bound]]
+) -> Statement:
+    """Rows of ``target`` in each partition: rows of ``(key, count)``, empty ones absent."""
+    case, params = partition_case(partition_column, partitions)
+    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
+    return numbered(
+        (
+            f"SELECT {case} AS partition_key, count(*) FROM {target} WHERE {pred} GROUP BY 1",
+            params + where_params,
+        )
+    )
+
+
+def delete_window(target: str, column: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
+    """Delete the window's rows (the overwrite's first half; never touches other partitions)."""
+    pred, params = window_predicate(column, spans)
+    return numbered((f"DELETE FROM {target} WHERE {pred}", params))
+
+
+def delete_all(target: str) -> str:
+    """Delete every row: the scope of an unpartitioned asset is its whole table.
+
+    DELETE, not TRUNCATE: TRUNCATE's lock would block every reader until the commit.
+    """
+    return f"DELETE FROM {target}"
+
+
+def _key_in(keys: str, key: Sequence[str], alias: str = "t") -> str:
+    # A semi-join: the keys table holds each key once, but IN stays right even if it did not.
+    kc = quoted_columns(key)
+    lhs = f"{alias}.{kc[0]}" if len(kc) == 1 else "(" + ", ".join(f"{alias}.{c}" for c in kc) + ")"
+    return f"{lhs} IN (SELECT {', '.join(kc)} FROM {keys})"
+
+
+def delete_matching_keys(target: str, keys: str, key: Sequence[str]) -> str:
+    """Delete target rows whose key ``keys`` holds (the upsert's update half)."""
+    cond = " AND ".join(f"t.{c} = k.{c}" for c in quoted_columns(key))
+    return f"DELETE FROM {target} t USING {keys} k WHERE {cond}"
+
+
+def merge_counts(
+    target: str,
+    keys: str,
+    key: Sequence[str],
+    partition_column: str | None,
+    spans: Sequence[tuple[Bound, Bound]],
+) -> Statement:
+    """Target rows whose key the batch holds: inside the window, and *outside* it."""
+    if partition_column is None:
+        return f"SELECT count(*), 0 FROM {target} t WHERE {_key_in(keys, key)}", []
+    pred_t, params = window_predicate(partition_column, spans, alias="t")
+    return numbered(
+        (
+            f"SELECT count(*) FILTER (WHERE {pred_t}), count(*) FILTER (WHERE NOT {pred_t})"
+            f" FROM {target} t WHERE {_key_in(keys, key)}",
+            params + params,
+        )
+    )
+
+
+def matched_by_partition(
+    target: str,
+    keys: str,
+    key: Sequence[str],
+    partition_column: str,
+    partitions: Sequence[tuple[str, Bound, Bound]],
+) -> Statement:
+    """Target rows whose key the batch holds, per partition (NULL: outside them all)."""
+    case, params = partition_case(partition_column, partitions)
+    return numbered(
+        (
+            f"SELECT {case} AS partition_key, count(*) FROM {target} t"
+            f" WHERE {_key_in(keys, key)} GROUP BY 1",
+            params,
+        )
+    )
+
+
+def keys_outside_window_sample(
+    target: str,
+    keys: str,
+    key: Sequence[str],
+    partition_column: str,
+    spans: Sequence[tuple[Bound, Bound]],
+    limit: int = 5,
+) -> Statement:
+    """Existing rows outside the window whose key the batch also holds."""
+    pred_t, params = window_predicate(partition_column, spans, alias="t")
+    return numbered(
+        (
+            f"SELECT t.* FROM {target} t WHERE {_key_in(keys, key)} AND NOT {pred_t}"
+            f" LIMIT {int(limit)}",
+            params,
+        )
+    )
+
+
+def _row_hash(columns: Sequence[str]) -> str:
+    # The row's text in a fixed column order, hashed to 64 bits: the session pins TimeZone,
+    # DateStyle and extra_float_digits, so the text (and the hash) never depends on who reads.
+    cols = ", ".join(quoted_columns(sorted(columns)))
+    return f"hashtextextended(ROW({cols})::text, 0)"
+
+
+def fingerprint(
+    target: str,
+    columns: Sequence[str],
+    partition_column: str | None = None,
+    spans: Sequence[tuple[Bound, Bound]] = (),
+) -> Statement:
+    """An order-independent fingerprint: the row count and the sum of row hashes, as text.
+
+    A sum (not an XOR) so that a doubled row changes it; ``numeric``, so it never overflows.
+    """
+    where, params = "", []
+    if partition_column is not None and spans:
+        pred, params = window_predicate(partition_column, spans)
+        where = f" WHERE {pred}"
+    return numbered(
+        (
+            f"SELECT count(*), coalesce(sum({_row_hash(columns)}), 0)::text FROM {target}{where}",
+            params,
+        )
+    )
+
+
+def partition_fingerprints(
+    target: str,
+    columns: Sequence[str],
+    partition_column: str,
+    partitions: Sequence[tuple[str, Bound, Bound]],
+) -> Statement:
+    """Per-partition count and hash sum in one scan: rows of ``(key, count, hash_sum)``."""
+    case, params = partition_case(partition_column, partitions)
+    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
+    return numbered(
+        (
+            f"SELECT {case} AS partition_key, count(*),"
+            f" coalesce(sum({_row_hash(columns)}), 0)::text FROM {target} WHERE {pred}"
+            " GROUP BY 1",
+            params + where_params,
+        )
+    )
+
+
+def select_window(
+    target: str,
+    partition_column: str | None,
+    spans: Sequence[tuple[Bound, Bound]],
+    nothing: bool,
+) -> Statement:
+    """The window's rows in partition order: the half-open predicate runs on the server."""
+    where, params, order = "", [], ""
+    if partition_column:
+        order = f" ORDER BY {quote(partition_column)}"
+    if nothing:
+        where = " WHERE false"
+    elif partition_column and spans:
+        pred, params = window_predicate(partition_column, spans)
+        where = f" WHERE {pred}"
+    return numbered((f"SELECT * FROM {target}{where}{order}", params))

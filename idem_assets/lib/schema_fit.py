@@ -1,0 +1,349 @@
+# pyarrow.compute builds its functions at import time, so a type checker cannot see them.
+# pyright: reportAttributeAccessIssue=false
+"""Which table column each batch column is stored in, and whether its type fits, on Arrow types.
+
+Every engine stores a batch by the same rules: names match without regard to case, a type change
+that cannot lose a value is made silently, one that loses values only on some inputs is checked
+value by value on the batch, and any other change is refused with the migration that makes it.
+What differs per engine (the type a new table stores, how its DDL spells a type, which names need
+quotes) is a :class:`TypeDialect`.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from idem_assets.lib.errors import SchemaMismatchError
+from idem_assets.lib.identifiers import validate_identifier
+from idem_assets.lib.settings import WriteSettings
+
+Conversion = Literal["same", "cast", "checked"]
+
+
+class TypeDialect(Protocol):
+    """What one engine decides about types: what it stores, and how its statements spell it."""
+
+    #: The engine's name for messages: "DuckDB", "Postgres", "Delta Lake".
+    engine: str
+
+    def stored_type(self, batch_type: pa.DataType) -> pa.DataType:
+        """The type a new table stores for a batch column of ``batch_type``."""
+        ...
+
+    def type_sql(self, arrow_type: pa.DataType) -> str:
+        """The engine's DDL spelling of ``arrow_type``."""
+        ...
+
+    def sql_name(self, name: str) -> str:
+        """``name`` as a user would type it in a statement: quoted only where it must be."""
+        ...
+
+
+@dataclass(frozen=True)
+class ColumnFit:
+    """One batch column and the table column it is stored in."""
+
+    name: str
+    type: pa.DataType
+    stored_name: str
+    stored_type: pa.DataType
+    conversion: Conversion
+
+
+_SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
+_UNSIGNED = [pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+#: Decimal digits an integer type needs, for widening into decimal(p, s).
+_INTEGER_DIGITS = {
+    pa.int8(): 3,
+    pa.int16(): 5,
+    pa.int32(): 10,
+    pa.int64(): 19,
+    pa.uint8(): 3,
+    pa.uint16(): 5,
+    pa.uint32(): 10,
+    pa.uint64(): 20,
+}
+#: Integer types whose every value a float type holds exactly (24 and 53 bits of mantissa); the
+#: wider integers are checked value by value.
+_EXACT_IN_FLOAT = {
+    pa.float32(): {pa.int8(), pa.int16(), pa.uint8(), pa.uint16()},
+    pa.float64(): {pa.int8(), pa.int16(), pa.int32(), pa.uint8(), pa.uint16(), pa.uint32()},
+}
+_TEXT = ({pa.string(), pa.large_string(), pa.string_view()}, {pa.binary(), pa.large_binary()})
+#: A timestamp unit's size in nanoseconds, and its name for ``pyarrow.compute.floor_temporal``.
+_UNITS = {"s": (10**9, "second"), "ms": (10**6, "millisecond"), "us": (10**3, "microsecond")}
+
+
+def _is_aware(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_timestamp(arrow_type) and arrow_type.tz is not None
+
+
+def _same(batch_type: pa.DataType, stored_type: pa.DataType) -> bool:
+    # An aware timestamp is an instant; its zone only says how to show it.
+    if _is_aware(batch_type) and _is_aware(stored_type):
+        return batch_type.unit == stored_type.unit
+    return batch_type == stored_type
+
+
+def _digits(arrow_type: pa.DataType) -> tuple[int, int] | None:
+    """Digits before and after the point that ``arrow_type`` holds exactly."""
+    if arrow_type in _INTEGER_DIGITS:
+        return _INTEGER_DIGITS[arrow_type], 0
+    if pa.types.is_decimal(arrow_type):
+        return arrow_type.precision - arrow_type.scale, arrow_type.scale
+    return None
+
+
+def _widens_integer(batch_type: pa.DataType, stored_type: pa.DataType) -> bool:
+    for family in (_SIGNED, _UNSIGNED):
+        if batch_type in family and stored_type in family:
+            return family.index(batch_type) <= family.index(stored_type)
+    # uint8 fits int16, uint16 fits int32, and so on.
+    return (
+        batch_type in _UNSIGNED
+        and stored_type in _SIGNED
+        and _SIGNED.index(stored_type) > _UNSIGNED.index(batch_type)
+    )
+
+
+def conversion(batch_type: pa.DataType, stored_type: pa.DataType) -> Conversion | None:
+    """How a batch column reaches a table column; ``None`` when the change may lose values.
+
+    ``cast`` never changes a value, except timestamps, which the engine brings to the column's
+    unit (the guards then judge the stored values); ``checked`` holds for most values and is
+    verified on the batch (integers wider than a float's mantissa).
+    """
+    if _same(batch_type, stored_type):
+        return "same"
+    if pa.types.is_null(batch_type):
+        return "cast"
+    if pa.types.is_timestamp(batch_type) and pa.types.is_timestamp(stored_type):
+        return "cast" if _is_aware(batch_type) == _is_aware(stored_type) else None
+    if any(batch_type in family and stored_type in family for family in _TEXT):
+        return "cast"
+    if _widens_integer(batch_type, stored_type):
+        return "cast"
+    if pa.types.is_floating(batch_type) and pa.types.is_floating(stored_type):
+        return "cast" if batch_type.bit_width <= stored_type.bit_width else None
+    if batch_type in _INTEGER_DIGITS and stored_type in _EXACT_IN_FLOAT:
+        return "cast" if batch_type in _EXACT_IN_FLOAT[stored_type] else "checked"
+    have, want = _digits(batch_type), _digits(stored_type)
+    if have and want and pa.types.is_decimal(stored_type):
+        return "cast" if want[0] >= have[0] and want[1] >= have[1] else None
+    return None
+
+
+def _fit(
+    batch_type: pa.DataType, stored_type: pa.DataType, dialect: TypeDialect
+) -> Conversion | None:
+    how = conversion(batch_type, stored_type)
+    if how is None and _same(dialect.stored_type(batch_type), stored_type):
+        # Two Arrow spellings of one engine type (a dictionary of strings, date64).
+        return "cast"
+    return how
+
+
+def refuse_repeated_names(names: Sequence[str], where: str, engine: str = "DuckDB") -> None:
+    """Refuse a batch holding one column name twice, compared without regard to case."""
+    lowered = [n.lower() for n in names]
+    repeated = sorted({n for n in names if lowered.count(n.lower()) > 1})
+    if repeated:
+        # The engine would rename the second copy (fare_1) and store it as a column of its own.
+        by_case = (
+            f", which {engine} takes for one name: it compares names without regard to case"
+            if len({n.lower() for n in repeated}) < len(repeated)
+            else ""
+        )
+        raise SchemaMismatchError(
+            f"Refused to write {where}: the batch has more than one column named {repeated}"
+            f"{by_case}. Nothing was changed. Fix: drop or rename the duplicates (e.g. after a"
+            " join, select the columns you mean to keep)."
+        )
+
+
+def fit_columns(
+    settings: WriteSettings,
+    where: str,
+    batch: pa.Schema,
+    table: dict[str, pa.DataType] | None,
+    dialect: TypeDialect,
+) -> list[ColumnFit]:
+    """Match the batch to the table (or to the table it creates), or refuse it."""
+    batch_cols = {f.name: f.type for f in batch}
+    _refuse_unusable(settings, where, batch_cols, dialect)
+    if table is None:
+        _refuse_untyped(where, f"{settings.schema}.{settings.table}", batch_cols)
+        fits = []
+        for c, t in batch_cols.items():
+            stored = dialect.stored_type(t)
+            fits.append(ColumnFit(c, t, c, stored, "same" if _same(t, stored) else "cast"))
+        return fits
+    by_name = {c.lower() for c in batch_cols}
+    table_by_name = {c.lower(): c for c in table}
+    missing = [c for c in table if c.lower() not in by_name]
+    extra = [c for c in batch_cols if c.lower() not in table_by_name]
+    fits, changed = [], []
+    for c, t in batch_cols.items():
+        stored = table_by_name.get(c.lower())
+        if stored is None:
+            continue
+        how = _fit(t, table[stored], dialect)
+        if how is None:
+            changed.append((stored, table[stored], t))
+        else:
+            fits.append(ColumnFit(c, t, stored, table[stored], how))
+    if missing or extra or changed:
+        _refuse_mismatch(settings, where, dialect, batch_cols, missing, extra, changed)
+    return fits
+
+
+def _refuse_unusable(
+    settings: WriteSettings, where: str, batch_cols: dict[str, pa.DataType], dialect: TypeDialect
+) -> None:
+    """Refuse names no table can have, and absent or untimely columns the metadata names."""
+    for c in batch_cols:
+        validate_identifier(c, f"Refused to write {where}: batch column")
+    by_name = {c.lower(): c for c in batch_cols}
+    needed = [settings.partition_expr] if settings.partition_expr else []
+    needed += list(settings.primary_key) + list(settings.dedupe_order_by)
+    absent = [c for c in dict.fromkeys(needed) if c.lower() not in by_name]
+    if absent:
+        raise SchemaMismatchError(
+            f"Refused to write {where}: the batch has no column(s) {absent}, which the asset's"
+            f" metadata names (partition_expr/primary_key/dedupe_order_by). Batch columns:"
+            f" {list(batch_cols)}. Fix: add the column(s) to the batch, or correct the metadata."
+        )
+    if settings.partition_expr:
+        ptype = batch_cols[by_name[settings.partition_expr.lower()]]
+        if not pa.types.is_date(ptype) and not pa.types.is_timestamp(ptype):
+            raise SchemaMismatchError(
+                f"Refused to write {where}: partition column '{settings.partition_expr}' is"
+                f" {dialect.type_sql(ptype)}, not DATE or TIMESTAMP, so window bounds would"
+                f" compare as text. Fix: convert it, e.g. df['{settings.partition_expr}'] ="
+                f" pd.to_datetime(df['{settings.partition_expr}'])."
+            )
+
+
+def _refuse_untyped(where: str, target: str, batch_cols: dict[str, pa.DataType]) -> None:
+    # A column whose every value is None has no type; the table would keep a NULL-typed column
+    # that no later batch with real values fits.
+    untyped = [c for c, t in batch_cols.items() if pa.types.is_null(t)]
+    if untyped:
+        raise SchemaMismatchError(
+            f"Refused to write {where}: column(s) {untyped} hold only NULL and have no type,"
+            f" so table {target} cannot be created from this batch."
+            " Nothing was changed. Fix: give the column a type, e.g."
+            f" df['{untyped[0]}'] = df['{untyped[0]}'].astype('float64'), or build the Arrow"
+            " table with an explicit schema."
+        )
+
+
+def _refuse_mismatch(
+    settings: WriteSettings,
+    where: str,
+    dialect: TypeDialect,
+    batch_cols: dict[str, pa.DataType],
+    missing: list[str],
+    extra: list[str],
+    changed: list[tuple[str, pa.DataType, pa.DataType]],
+) -> None:
+    target = f"{dialect.sql_name(settings.schema)}.{dialect.sql_name(settings.table)}"
+    name, spelt = dialect.sql_name, dialect.type_sql
+    problems, statements = [], []
+    if missing:
+        problems.append(f"missing columns {missing}")
+        statements += [f"ALTER TABLE {target} DROP COLUMN {name(c)}" for c in missing]
+    if extra:
+        problems.append(f"extra columns {extra}")
+        statements += [
+            f"ALTER TABLE {target} ADD COLUMN {name(c)} {spelt(dialect.stored_type(batch_cols[c]))}"
+            for c in extra
+        ]
+    if changed:
+        problems.append(
+            "types that cannot hold every batch value ["
+            + "; ".join(f"{c}: table {spelt(old)}, batch {spelt(new)}" for c, old, new in changed)
+            + "]"
+        )
+        statements += [
+            f"ALTER TABLE {target} ALTER COLUMN {name(c)} TYPE {spelt(dialect.stored_type(new))}"
+            for c, _, new in changed
+        ]
+    tz_hint = (
+        " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
+        " make both naive (tz_localize(None)) or both aware."
+        if any(_is_aware(old) or _is_aware(new) for _, old, new in changed)
+        else ""
+    )
+    raise SchemaMismatchError(
+        f"Refused to write {where}: the batch does not match table {target}: "
+        + ", ".join(problems)
+        + ". Nothing was changed. Fix: make the batch produce the table's columns and types;"
+        " or, for an intended schema change, migrate the table first, then rerun: "
+        + "; ".join(statements)
+        + "."
+        + tz_hint
+    )
+
+
+def refuse_lossy_values(
+    batch: pa.Table,
+    fits: Sequence[ColumnFit],
+    settings: WriteSettings,
+    where: str,
+    dialect: TypeDialect | None = None,
+) -> None:
+    """Refuse a checked conversion that would change any value of its column.
+
+    Each value is cast to the stored type and back; one that comes back different would be
+    stored changed. Types are spelt as ``dialect`` spells them (Arrow's names without one).
+    """
+    spelt = dialect.type_sql if dialect else str
+    for fit in fits:
+        if fit.conversion != "checked":
+            continue
+        values = batch.column(fit.name)
+        there = pc.cast(values, fit.stored_type, safe=False)
+        back = pc.cast(there, fit.type, safe=False)
+        lost = values.filter(pc.fill_null(pc.not_equal(values, back), False))
+        if len(lost):
+            examples = pc.take(lost, pc.sort_indices(lost)[:3]).to_pylist()
+            raise SchemaMismatchError(
+                f"Refused to write {where}: {len(lost)} value(s) of '{fit.name}'"
+                f" ({spelt(fit.type)}) are not exactly representable as"
+                f" {spelt(fit.stored_type)}, the type of {settings.schema}.{settings.table}."
+                f"{fit.stored_name}, e.g. {examples}; storing them would change them. Nothing"
+                " was changed. Fix: convert the column knowingly, accepting the rounding, e.g."
+                f" df['{fit.name}'] = df['{fit.name}'].astype('float64'); or keep the values"
+                " exact in a table of their own type."
+            )
+
+
+def stored_batch(batch: pa.Table, fits: Sequence[ColumnFit]) -> pa.Table:
+    """The batch renamed to the stored names and cast to the stored types, in Arrow.
+
+    Timestamps are floored to the stored unit: a floor never moves a row across a window bound
+    that lies on that unit's grid (rounding would), so an engine storing this table stores
+    exactly what the guards judged.
+    """
+    columns = []
+    for fit in fits:
+        values = batch.column(fit.name)
+        if _coarser(fit.type, fit.stored_type):
+            values = pc.floor_temporal(values, unit=_UNITS[fit.stored_type.unit][1])
+        if values.type != fit.stored_type:
+            # A checked conversion's values were verified by refuse_lossy_values.
+            values = pc.cast(values, fit.stored_type, safe=fit.conversion != "checked")
+        columns.append(values)
+    return pa.Table.from_arrays(columns, names=[fit.stored_name for fit in fits])
+
+
+def _coarser(batch_type: pa.DataType, stored_type: pa.DataType) -> bool:
+    """True when a timestamp is stored in a coarser unit than the batch's."""
+    if not (pa.types.is_timestamp(batch_type) and pa.types.is_timestamp(stored_type)):
+        return False
+    size = {"ns": 1, **{unit: n for unit, (n, _) in _UNITS.items()}}
+    return size[stored_type.unit] > size[batch_type.unit]

@@ -1,0 +1,193 @@
+"""The Postgres IO managers as a user configures them: connection, secrets, metadata, loads."""
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import idem_assets as ia
+from idem_assets.lib.backends import postgres_sql as sql
+from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
+from tests.helpers import DAILY, NOW, TRIPS_METADATA, settings, window
+from tests.reliability import day_batch
+
+PASSWORD_ENV = "IDEM_PG_IO_PASSWORD"
+DAY, NEXT = "2026-01-01", "2026-01-02"
+
+
+def config(location: PostgresLocation, **overrides: Any) -> dict[str, Any]:
+    return {
+        "host": location.host,
+        "port": location.port,
+        "user": location.user,
+        "database": location.database,
+        "password_env": PASSWORD_ENV,
+        **overrides,
+    }
+
+
+@pytest.fixture
+def password(postgres_location: PostgresLocation, monkeypatch: pytest.MonkeyPatch) -> str:
+    secret = str(postgres_location.password)
+    monkeypatch.setenv(PASSWORD_ENV, secret)
+    return secret
+
+
+@dg.asset(partitions_def=DAILY, metadata=TRIPS_METADATA)
+def trips(context: dg.AssetExecutionContext) -> pa.Table:
+    return day_batch(context.partition_key, 500)
+
+
+@dg.asset(partitions_def=DAILY, io_manager_key="memory")
+def trip_count(context: dg.AssetExecutionContext, trips: pd.DataFrame) -> int:
+    context.add_output_metadata(
+        {"days": sorted({t.date().isoformat() for t in trips["pickup_at"]}), "rows": len(trips)}
+    )
+    return len(trips)
+
+
+def failure(result: dg.ExecuteInProcessResult) -> str:
+    failed = [e for e in result.all_events if e.is_step_failure]
+    data = failed[0].step_failure_data
+    assert data is not None and data.error is not None
+    return data.error.to_string()
+
+
+def test_a_failed_connect_names_the_server_but_never_the_password(
+    postgres_location: PostgresLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrong = "never-shown-Secr3t-6f1d2c"
+    monkeypatch.setenv(PASSWORD_ENV, wrong)
+    manager = ia.PostgresOverwriteIOManager(**config(postgres_location))
+    result = dg.materialize(
+        [trips], resources={"io_manager": manager}, partition_key=DAY, raise_on_error=False
+    )
+    text = failure(result)
+    assert "PostgresConnectionError" in text
+    assert "password authentication failed" in text
+    assert f"postgresql://{postgres_location.user}@127.0.0.1:{postgres_location.port}/" in text
+    assert wrong not in text
+    assert wrong not in repr(manager) and wrong not in str(manager.location())
+
+
+def test_a_password_in_the_url_is_never_shown_either(postgres_location: PostgresLocation) -> None:
+    wrong = "url-Secr3t-never-shown"
+    url = (
+        f"postgresql://{postgres_location.user}:{wrong}@127.0.0.1:{postgres_location.port}/"
+        f"{postgres_location.database}"
+    )
+    location = PostgresLocation.from_url(url)
+    with pytest.raises(ia.lib.backends.postgres.PostgresConnectionError) as raised:
+        with PostgresBackend.connect(location):
+            pass
+    assert wrong not in str(raised.value) and wrong not in repr(location)
+
+
+def test_a_missing_password_variable_names_the_variable(
+    postgres_location: PostgresLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    manager = ia.PostgresOverwriteIOManager(**config(postgres_location))
+    with pytest.raises(ia.ConfigurationError, match=f"'{PASSWORD_ENV}', which is not set"):
+        manager.location()
+
+
+def test_url_config_writes_and_the_metadata_matches_duckdbs(
+    postgres_location: PostgresLocation, password: str, tmp_path: Any
+) -> None:
+    """The same metadata keys as on DuckDB, the same counts, and no secret in any value."""
+    loc = postgres_location
+    url = f"postgresql://{loc.user}@{loc.host}:{loc.port}/{loc.database}"
+    managers = {
+        "postgres": ia.PostgresOverwriteIOManager(url=url, password_env=PASSWORD_ENV),
+        "duckdb": ia.DuckDBOverwriteIOManager(database=str(tmp_path / "w.duckdb")),
+    }
+    metadata = {}
+    for name, manager in managers.items():
+        for _run in range(2):
+            result = dg.materialize([trips], resources={"io_manager": manager}, partition_key=DAY)
+        (event,) = result.get_asset_materialization_events()
+        metadata[name] = {k: v.value for k, v in event.materialization.metadata.items()}
+    pg, duck = metadata["postgres"], metadata["duckdb"]
+    assert set(pg) == set(duck)
+    for key in ("dagster/row_count", "rows_inserted", "rows_deleted", "window", "write_mode"):
+        assert pg[key] == duck[key]
+    assert pg["dagster/row_count"] == 500 and pg["rows_deleted"] == 500
+    assert not any(password in str(v) for v in pg.values())
+
+
+def test_load_reads_only_the_window_as_pandas(
+    postgres_location: PostgresLocation, password: str
+) -> None:
+    resources = {
+        "io_manager": ia.PostgresOverwriteIOManager(**config(postgres_location)),
+        "memory": dg.InMemoryIOManager(),
+    }
+    for day in (DAY, NEXT):
+        dg.materialize([trips], resources=resources, partition_key=day)
+    result = dg.materialize(
+        [trips.to_source_asset(), trip_count], resources=resources, partition_key=NEXT
+    )
+    (event,) = result.get_asset_materialization_events()
+    assert event.materialization.metadata["days"].value == [NEXT]
+    assert event.materialization.metadata["rows"].value == 500
+
+
+def test_load_pushes_the_half_open_window_down() -> None:
+    start, end = datetime(2026, 1, 1), datetime(2026, 1, 2)
+    query, params = sql.select_window('"main"."trips"', "pickup_at", [(start, end)], False)
+    assert query == (
+        'SELECT * FROM "main"."trips" WHERE (("pickup_at" >= $1 AND "pickup_at" < $2))'
+        ' ORDER BY "pickup_at"'
+    )
+    assert params == [start, end]
+
+
+def test_the_fingerprint_ignores_row_order_and_is_deterministic(
+    postgres_location: PostgresLocation,
+) -> None:
+    batch = day_batch(DAY, 1000)
+    shuffled = batch.take(pa.array(list(reversed(range(batch.num_rows)))))
+    with PostgresBackend.connect(postgres_location) as backend:
+        first = ia.publish(backend, batch, settings(table="a"), window(DAY), now=NOW)
+        second = ia.publish(backend, shuffled, settings(table="b"), window(DAY), now=NOW)
+        again = ia.publish(backend, batch, settings(table="a"), window(DAY), now=NOW)
+        stored = ia.table_fingerprint(backend, "main", "a", "pickup_at", window(DAY))
+    assert first.fingerprint == second.fingerprint == again.fingerprint == stored
+    assert first.fingerprint.startswith("1000:")
+
+
+def test_types_round_trip_and_a_wider_batch_type_is_cast(
+    postgres_location: PostgresLocation,
+) -> None:
+    """Every mapped type is stored and read back as written; int32 and ns timestamps fit in."""
+    start = datetime(2026, 1, 1, 1)
+    batch = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "at": pa.array([start, start + timedelta(hours=1)], pa.timestamp("us")),
+            "aware": pa.array([start, start], pa.timestamp("us", tz="UTC")),
+            "day": pa.array([start.date()] * 2, pa.date32()),
+            "small": pa.array([1, None], pa.int16()),
+            "ratio": pa.array([0.5, None], pa.float32()),
+            "price": pa.array([1, 2], pa.decimal128(10, 2)),
+            "name": pa.array(["a", None]),
+            "flag": pa.array([True, None]),
+            "blob": pa.array([b"x", b""]),
+        }
+    )
+    meta = {"partition_expr": "at", "primary_key": ["id"]}
+    with PostgresBackend.connect(postgres_location) as backend:
+        ia.publish(backend, batch, settings("overwrite", meta, table="t"), window(DAY), now=NOW)
+        loaded = backend.load(settings("overwrite", meta, table="t"), window(DAY), False, True)
+        assert isinstance(loaded, pa.Table)
+        assert loaded.equals(batch)
+        narrower = batch.set_column(0, "id", pa.array([1, 2], pa.int32())).set_column(
+            1, "at", pa.array([start, start + timedelta(hours=1)], pa.timestamp("ns"))
+        )
+        ia.publish(backend, narrower, settings("overwrite", meta, table="t"), window(DAY), now=NOW)
+        again = backend.load(settings("overwrite", meta, table="t"), window(DAY), False, True)
+    assert isinstance(again, pa.Table) and again.equals(batch)
