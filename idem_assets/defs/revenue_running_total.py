@@ -27,6 +27,7 @@ from idem_assets.defs.partitions import (
     DAILY,
     FIRST_DAY,
     GROUP,
+    WAREHOUSE_ENGINE,
     WAREHOUSE_POOL,
 )
 
@@ -187,7 +188,7 @@ def revenue_before(
     ins={"daily_zone_revenue": dg.AssetIn()},
     checks=[ia.row_count(min_rows=1, max_rows=1, name="one_row_per_day"), ia.unique("day")],
     group_name=GROUP,
-    kinds={"duckdb"},
+    kinds={WAREHOUSE_ENGINE},
     pool=WAREHOUSE_POOL,
 )
 def revenue_running_total(
