@@ -1,5 +1,10 @@
 """One setting chooses the warehouse: the whole chain, its checks and the report on PostgreSQL."""
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 import idem_assets as ia
@@ -10,8 +15,9 @@ from idem_assets.defs.revenue_running_total import revenue_running_total
 from idem_assets.defs.stale_totals import TOTALS_CHECK, revenue_per_day, stored_totals
 from idem_assets.defs.warehouse import SLOTS_ENV, WAREHOUSE_ENV, engine, warehouse_slots
 from idem_assets.lib.backends.postgres import PostgresLocation
+from tests.helpers import readme_bash
 
-from . import ROWS, MakePipeline, check_evaluations, days, materialized
+from . import REPO, ROWS, VENV_BIN, MakePipeline, check_evaluations, days, materialized
 
 DAYS = days("2026-01-01", "2026-01-03")
 
@@ -53,6 +59,50 @@ def test_the_chain_runs_on_postgres_by_one_setting(make_pipeline: MakePipeline) 
         DAYS[1]: revenue[DAYS[0]] + revenue[DAYS[1]],
         DAYS[2]: sum(revenue.values()),
     }
+
+
+def test_the_readme_switch_runs_as_printed(
+    postgres_location: PostgresLocation, make_pipeline: MakePipeline, tmp_path: Path
+) -> None:
+    pipeline = make_pipeline()
+    pipeline.generate(DAYS[0])
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "VIRTUAL_ENV": str(VENV_BIN.parent),
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "IDEM_PG_HOST": postgres_location.host,
+        "IDEM_PG_PORT": str(postgres_location.port),
+        "IDEM_PG_USER": postgres_location.user,
+        "IDEM_PG_DB": postgres_location.database,
+        "IDEM_PG_PASSWORD": str(postgres_location.password),
+    }
+    env.pop(WAREHOUSE_ENV, None)
+    (command,) = readme_bash("### The warehouse on PostgreSQL, by one setting")
+
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert str(postgres_location.password) not in done.stdout + done.stderr
+    assert not pipeline.database.exists()
+    reader = ia.PostgresOverwriteIOManager(
+        host=postgres_location.host,
+        port=postgres_location.port,
+        user=postgres_location.user,
+        database=postgres_location.database,
+        password_env="IDEM_PG_PASSWORD",
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("IDEM_PG_PASSWORD", str(postgres_location.password))
+        counts = counts_per_day(reader.read_asset(raw_trips), "pickup_at")
+        totals = stored_totals(reader.read_asset(revenue_running_total))
+    assert counts == {DAYS[0]: ROWS}
+    assert list(totals) == [DAYS[0]]
 
 
 def test_duckdb_is_the_default_with_one_slot(monkeypatch: pytest.MonkeyPatch) -> None:
