@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--no-duckdb", action="store_true", help="skip the DuckDB backfill")
     parser.add_argument("--save", type=Path, default=None, help="write the samples as JSON")
     args = parser.parse_args()
-    days = DAILY.get_partition_keys()[: args.days]
+    days = list(DAILY.get_partition_keys()[: args.days])
     cases = [*CASES] if args.no_duckdb else [*CASES, DUCKDB]
     samples: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in cases}
     with PostgresServer.start(find_bin_dir()) as server:

@@ -16,7 +16,6 @@ from decimal import Decimal
 import dagster as dg
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 import idem_assets as ia
 
@@ -76,7 +75,7 @@ def days_before(first: str) -> list[str]:
     if first <= FIRST_DAY:
         return []
     last = (date.fromisoformat(first) - timedelta(days=1)).isoformat()
-    return DAILY.get_partition_keys_in_range(dg.PartitionKeyRange(FIRST_DAY, last))
+    return list(DAILY.get_partition_keys_in_range(dg.PartitionKeyRange(FIRST_DAY, last)))
 
 
 def first_day_of(run: dg.DagsterRun) -> str | None:
@@ -174,8 +173,7 @@ def revenue_before(
             f" {missing[0]}...{missing[-1]} first (a backfill of that range), then rerun"
             f" {first}."
         )
-    total = pc.sum(history.column("revenue")).as_py() if history.num_rows else None
-    return Decimal(total or 0)
+    return sum(history.column("revenue").to_pylist() if history.num_rows else [], Decimal(0))
 
 
 @ia.audited_asset(

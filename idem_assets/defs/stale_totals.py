@@ -10,6 +10,7 @@ changed landing file).
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 import dagster as dg
 import pyarrow as pa
@@ -64,7 +65,7 @@ def stale_totals(stored: Mapping[str, Decimal], revenue: Mapping[str, Decimal]) 
 
 def check_result(stale: list[StaleTotal], days: int) -> dg.AssetCheckResult:
     """The verdict, with the stale days and the range to recompute."""
-    metadata: dict[str, object] = {"days_checked": days, "days_stale": len(stale)}
+    metadata: dict[str, Any] = {"days_checked": days, "days_stale": len(stale)}
     if not stale:
         return dg.AssetCheckResult(
             passed=True,
