@@ -98,7 +98,11 @@ def reconcile(
 def rows_per_day(
     conn: duckdb.DuckDBPyConnection, schema: str, table: str, column: str
 ) -> dict[str, int]:
-    """Rows per UTC day of ``column`` in ``schema.table``; empty when the table does not exist."""
+    """Rows per UTC day of ``column`` in a DuckDB ``schema.table``; empty without the table.
+
+    The demo and the tests read a DuckDB warehouse file with it; the check itself reads through
+    the IO manager (:func:`counts_per_day`), on either engine.
+    """
     exists = conn.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?",
         [schema, table],
