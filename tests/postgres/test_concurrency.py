@@ -123,15 +123,15 @@ def expected_per_day(location: PostgresLocation, batches: Sequence[pa.Table]) ->
 
 
 @pytest.mark.parametrize("mode", ["overwrite", "merge"])
-@pytest.mark.parametrize("rerun", [False, True], ids=["first-write", "rerun"])
+@pytest.mark.parametrize("before", ["no-table", "first-write", "rerun"])
 def test_two_writers_of_one_day_leave_exactly_the_last_batch(
-    postgres_location: PostgresLocation, tmp_path: Path, mode: str, rerun: bool
+    postgres_location: PostgresLocation, tmp_path: Path, mode: str, before: str
 ) -> None:
     """The second writer waits for the first's commit, then replaces its rows: never doubled."""
     day = DAYS[0]
-    if rerun:
+    if before == "rerun":
         publish(postgres_location, day_batch(day, ROWS), [day], "trips")
-    else:
+    elif before == "first-write":
         # The table exists, the day does not: the DELETE has no row to wait on (the 10-row case).
         publish(postgres_location, day_batch(DAYS[1], ROWS), [DAYS[1]], "trips")
     first = Writer(postgres_location, tmp_path, [day], 1, mode, hold_at="deleted")

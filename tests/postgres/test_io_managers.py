@@ -191,3 +191,64 @@ def test_types_round_trip_and_a_wider_batch_type_is_cast(
         ia.publish(backend, narrower, settings("overwrite", meta, table="t"), window(DAY), now=NOW)
         again = backend.load(settings("overwrite", meta, table="t"), window(DAY), False, True)
     assert isinstance(again, pa.Table) and again.equals(batch)
+
+
+def test_a_merge_with_dedupe_order_by_keeps_the_latest_row_of_each_key(
+    postgres_location: PostgresLocation,
+) -> None:
+    meta = {"partition_expr": "at", "primary_key": ["id"], "dedupe_order_by": ["version"]}
+    start = datetime(2026, 1, 1, 6)
+    batch = pa.table(
+        {
+            "id": pa.array([1, 1, 2], pa.int64()),
+            "at": pa.array([start] * 3, pa.timestamp("us")),
+            "version": pa.array([2, 1, 1], pa.int64()),
+        }
+    )
+    write = settings("merge", meta, table="m")
+    with PostgresBackend.connect(postgres_location) as backend:
+        first = ia.publish(backend, batch, write, window(DAY), now=NOW)
+        again = ia.publish(backend, batch, write, window(DAY), now=NOW)
+        backend.cur.execute("SELECT id, version FROM main.m ORDER BY id")
+        assert backend.cur.fetchall() == [(1, 2), (2, 1)]
+    assert (first.inserted, again.updated, again.inserted, again.deleted) == (2, 2, 0, 0)
+    assert first.fingerprint == again.fingerprint
+
+
+def test_an_aware_partition_column_in_a_zoned_partitioning(
+    postgres_location: PostgresLocation,
+) -> None:
+    """Days of America/New_York over a timestamptz column: each day holds its own instants."""
+    zoned = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="America/New_York")
+    meta = {"partition_expr": "at", "primary_key": ["id"]}
+    # 04:59 UTC on Jan 2 is still Jan 1 in New York; 05:00 UTC is Jan 2.
+    instants = [datetime(2026, 1, 2, 4, 59), datetime(2026, 1, 2, 5, 0)]
+    batch = pa.table(
+        {"id": pa.array([1], pa.int64()), "at": pa.array(instants[:1], pa.timestamp("us", "UTC"))}
+    )
+    write = settings("overwrite", meta, table="z")
+    with PostgresBackend.connect(postgres_location) as backend:
+        for _run in range(2):
+            ia.publish(backend, batch, write, window(DAY, partitions=zoned), now=NOW)
+        stray = batch.set_column(1, "at", pa.array(instants[1:], pa.timestamp("us", "UTC")))
+        with pytest.raises(ia.StrayRowsError):
+            ia.publish(backend, stray, write, window(DAY, partitions=zoned), now=NOW)
+        loaded = backend.load(write, window(DAY, partitions=zoned), False, True)
+    assert isinstance(loaded, pa.Table) and loaded.equals(batch)
+
+
+def test_a_pandas_categorical_column_is_stored_as_text(postgres_location: PostgresLocation) -> None:
+    frame = pd.DataFrame(
+        {
+            "id": [1, 2],
+            "at": pd.to_datetime(["2026-01-01 01:00", "2026-01-01 02:00"]),
+            "zone": pd.Categorical(["JFK", "Midtown"]),
+        }
+    )
+    meta = {"partition_expr": "at", "primary_key": ["id"]}
+    batch = pa.Table.from_pandas(frame, preserve_index=False)
+    with PostgresBackend.connect(postgres_location) as backend:
+        for _run in range(2):
+            ia.publish(backend, batch, settings("overwrite", meta, table="c"), window(DAY), now=NOW)
+        backend.cur.execute("SELECT id, zone FROM main.c ORDER BY id")
+        assert backend.cur.fetchall() == [(1, "JFK"), (2, "Midtown")]

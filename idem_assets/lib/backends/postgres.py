@@ -38,7 +38,7 @@ KEYS_PREFIX = "idem-keys-"
 OWNERS_SCHEMA = "public"
 OWNERS_TABLE = "idem-table-owners"
 OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
-#: Pinned per session: the fingerprint hashes each row's text, which these settings shape.
+#: Pinned per session, so a value read as text (a sample in a message) reads the same for everyone.
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c extra_float_digits=1"
 DIALECT = PostgresTypes()
 
@@ -148,6 +148,7 @@ class PostgresBackend:
         self._registered: list[str] = []
         self._temp: list[str] = []
         self._keys = ""
+        self._key_ranges: list[tuple[Any, Any]] = []
         self._locked = False
 
     def close(self) -> None:
@@ -295,14 +296,19 @@ class PostgresBackend:
     def _keys_table(self, scope: Scope) -> str:
         """The batch's distinct keys in a temporary table, for the server to join against."""
         if not self._keys:
-            kc = ", ".join(batch_sql.quoted_columns(scope.key))
-            keys = self.evaluator().sql(f"SELECT DISTINCT {kc} FROM {scope.staged.relation}")
+            kc = batch_sql.quoted_columns(scope.key)
+            duck, source = self.evaluator(), scope.staged.relation
+            keys = duck.sql(f"SELECT DISTINCT {', '.join(kc)} FROM {source}").to_arrow_table()
             name = KEYS_PREFIX + uuid.uuid4().hex
-            self.cur.adbc_ingest(name, keys.to_arrow_table(), mode="create", temporary=True)
+            self.cur.adbc_ingest(name, keys, mode="create", temporary=True)
             self._keys = f"pg_temp.{quote(name)}"
             self._temp.append(self._keys)
             # Temporary tables are never auto-analysed; without statistics the join is guessed.
             self._run(f"ANALYZE {self._keys}")
+            bounds = ", ".join(f"min({c}), max({c})" for c in kc)
+            found = duck.execute(f"SELECT {bounds} FROM {source}").fetchall()[0]
+            if found[0] is not None:
+                self._key_ranges = list(zip(found[::2], found[1::2], strict=True))
         return self._keys
 
     def count_keys(self, scope: Scope) -> tuple[Counts, int]:
@@ -310,18 +316,21 @@ class PostgresBackend:
         if scope.settings.mode != "merge" or not scope.table_exists:
             return {}, 0
         self._lock(scope)
-        target, keys, key, pcol = _target(scope), self._keys_table(scope), scope.key, scope.pcol
+        keys = self._keys_table(scope)
+        target, key, ranges, pcol = _target(scope), scope.key, self._key_ranges, scope.pcol
         if scope.bounds and pcol:
-            q = sql.matched_by_partition(target, keys, key, pcol, scope.bounds)
+            q = sql.matched_by_partition(target, keys, key, ranges, pcol, scope.bounds)
             matched: Counts = dict(self._rows(q))
             return matched, matched.pop(None, 0)
-        in_window, outside = self._rows(sql.merge_counts(target, keys, key, pcol, scope.spans))[0]
+        q = sql.merge_counts(target, keys, key, ranges, pcol, scope.spans)
+        in_window, outside = self._rows(q)[0]
         return {None: in_window}, outside
 
     def keys_elsewhere_sample(self, scope: Scope) -> str:
         """A few target rows outside the window whose key the batch holds."""
+        keys = self._keys_table(scope)
         q = sql.keys_outside_window_sample(
-            _target(scope), self._keys_table(scope), scope.key, str(scope.pcol), scope.spans
+            _target(scope), keys, scope.key, self._key_ranges, str(scope.pcol), scope.spans
         )
         rows = self._rows(q)
         return format_sample([d[0] for d in self.cur.description or []], rows)
@@ -351,9 +360,16 @@ class PostgresBackend:
         if scope.table_exists:
             return
         self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
-        self._run(f"CREATE SCHEMA IF NOT EXISTS {quote(scope.settings.schema)}")
+        s = scope.settings
+        if self._columns(s.schema, s.table) is not None:
+            # Another writer created it while this one waited for the lock.
+            return
+        self._run(f"CREATE SCHEMA IF NOT EXISTS {quote(s.schema)}")
         columns = [(f.stored_name, DIALECT.type_sql(f.stored_type)) for f in self._fits]
         self._run(sql.create_table(_target(scope), columns))
+        if s.partition_expr:
+            # Every count, delete, fingerprint and load of a window then reads only its rows.
+            self._run(sql.create_index(_target(scope), [s.partition_expr]))
 
     def _copy(self, scope: Scope, rows: pa.Table) -> int:
         """Binary COPY of ``rows`` into the target, in this transaction."""

@@ -51,6 +51,9 @@ class PostgresTypes:
     def stored_type(self, batch_type: pa.DataType) -> pa.DataType:
         """The Arrow type a new column of ``batch_type`` reads back as once stored."""
         t = batch_type
+        if pa.types.is_dictionary(t):
+            # A pandas categorical: stored as its values.
+            return self.stored_type(t.value_type)
         if pa.types.is_boolean(t) or t in (pa.int16(), pa.int32(), pa.int64()):
             return t
         if t in (pa.int8(), pa.uint8()):
