@@ -26,6 +26,7 @@ test: $(STAMP) browser-deps postgres-deps
 # The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples.
 test-full: $(STAMP)
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider
+	IDEM_PARALLEL_DAYS=31 $(BIN)/python -m pytest tests/e2e/test_parallel_backfill.py -q -p no:cacheprovider
 
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
 browser-deps:
@@ -65,6 +66,9 @@ test-backfills: $(STAMP)
 
 # Where a backfill's wall time goes (a day, 31 days, a year; three each; about 25 minutes):
 # per-phase medians through the stock daemon. BENCH_ARGS="--cases day --repeat 1" for a quick look;
-# benchmarks/backfill_wall_time.py compares one run per day with chunks.
+# benchmarks/backfill_wall_time.py compares one run per day with chunks. Then 31 days one run per
+# day on the Postgres instance: the warehouse pool at 3 slots against 1, and DuckDB (about
+# 10 minutes a round; PARALLEL_ARGS="--repeat 1").
 bench-backfills: $(STAMP)
 	$(BIN)/python benchmarks/backfill_phases.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/parallel_backfill.py $(PARALLEL_ARGS)

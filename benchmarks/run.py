@@ -90,6 +90,40 @@ def notes(lines: Sequence[Line]) -> str:
     return "\n".join(out)
 
 
+#: Backfills through the real daemon, measured apart (`make bench-backfills`), saved as JSON.
+SAVED_PHASES = (
+    ("before", "backfill_phases_before.json"),
+    ("after: one process per run", "backfill_phases_after.json"),
+    ("now: the running total in its chunk's run", "backfill_phases_joined.json"),
+)
+SAVED_PARALLEL = "parallel_backfill.json"
+
+
+def saved_backfills() -> str:
+    """The saved daemon backfill measurements as tables: per phase, and 3 slots against 1."""
+    from benchmarks import backfill_phases, parallel_backfill
+
+    parts = [
+        "## Backfills through the daemon (saved by `make bench-backfills`)",
+        "",
+        "Per phase, medians in seconds (docs/backfills.md explains the phases):",
+    ]
+    for title, name in SAVED_PHASES:
+        path = ROOT / "benchmarks" / name
+        if path.exists():
+            parts += ["", backfill_phases.table(title, json.loads(path.read_text()))]
+    path = ROOT / "benchmarks" / SAVED_PARALLEL
+    if path.exists():
+        parts += [
+            "",
+            "A one-run-per-day backfill of taxi_daily on the Postgres instance, the warehouse pool"
+            " at 3 slots against 1 (`benchmarks/parallel_backfill.py`):",
+            "",
+            parallel_backfill.table(json.loads(path.read_text())),
+        ]
+    return "\n".join(parts)
+
+
 def markdown(
     lines: Sequence[Line],
     facts: dict[str, str],
@@ -121,6 +155,8 @@ Statement shares measured by wrapping the connection (`benchmarks/breakdown.py`)
 Python, registering the Arrow batch, and fetching results.
 
 {profile or "(not run)"}
+
+{saved_backfills()}
 
 ## Machine
 

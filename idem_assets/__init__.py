@@ -32,6 +32,7 @@ from idem_assets.lib.io_managers import (
     DeltaOverwriteIOManager,
     DuckDBMergeIOManager,
     DuckDBOverwriteIOManager,
+    IdempotentIOManager,
 )
 from idem_assets.lib.outbox import (
     Delivery,
@@ -66,6 +67,7 @@ __all__ = [
     "DuplicateKeyError",
     "EmptyBatchError",
     "IdempotencyError",
+    "IdempotentIOManager",
     "InvalidIdentifierError",
     "KeyOutsideWindowError",
     "MissingUpstreamError",

@@ -19,9 +19,9 @@ from idem_assets import landing
 from idem_assets.defs.daily_zone_revenue import daily_zone_revenue
 from idem_assets.defs.raw_trips import raw_trips
 from idem_assets.defs.reconciliation import rows_per_day
-from idem_assets.defs.resources import REPO_ROOT, warehouse_path
 from idem_assets.defs.revenue_running_total import revenue_running_total
 from idem_assets.defs.trips import trips
+from idem_assets.defs.warehouse import REPO_ROOT, warehouse_path
 from idem_assets.worked_example import render_table, run_worked_example
 
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]

@@ -52,3 +52,11 @@ def readme_python(heading: str) -> str:
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text.split(f"\n{heading}\n", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def readme_bash(heading: str) -> list[str]:
+    """The command lines of the first bash block under ``heading`` in the README, as printed."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split(f"\n{heading}\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]

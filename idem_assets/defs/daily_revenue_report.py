@@ -19,7 +19,7 @@ from pydantic import Field
 
 import idem_assets as ia
 from idem_assets.defs.partitions import CHUNKED, DAILY, WAREHOUSE_POOL
-from idem_assets.defs.resources import warehouse_path
+from idem_assets.defs.warehouse import warehouse_path
 
 REPORT_GROUP = "reports"
 EXPORT_ACTION = "export_csv"
@@ -83,7 +83,7 @@ def report_csv(report: pa.Table) -> str:
     ins={"daily_zone_revenue": dg.AssetIn()},
     group_name=REPORT_GROUP,
     kinds={"csv"},
-    # It reads the warehouse file, so it queues for the same single slot as the writers.
+    # Its input is read from the warehouse, so it queues for the same slot(s) as the writers.
     pool=WAREHOUSE_POOL,
 )
 def daily_revenue_report(
@@ -136,6 +136,7 @@ revenue_report_schedule = dg.build_schedule_from_partitioned_job(
 def report_definitions() -> dg.Definitions:
     """The report, its job and schedule; the outbox ledger and export folder by the warehouse."""
     # A module with a @dg.definitions function contributes only what that function returns.
+    # Local files on either engine: the folder that holds (or would hold) the DuckDB file.
     data = Path(warehouse_path()).parent
     return dg.Definitions(
         assets=[daily_revenue_report],

@@ -5,7 +5,7 @@ import duckdb
 import pyarrow as pa
 
 import idem_assets as ia
-from idem_assets.defs.partitions import CHUNKED, DAILY, GROUP, WAREHOUSE_POOL
+from idem_assets.defs.partitions import CHUNKED, DAILY, GROUP, WAREHOUSE_ENGINE, WAREHOUSE_POOL
 
 
 def zone_revenue(trips: pa.Table) -> pa.Table:
@@ -40,7 +40,7 @@ def zone_revenue(trips: pa.Table) -> pa.Table:
     metadata={"partition_expr": "day", "primary_key": ["day", "pickup_zone"]},
     checks=[ia.unique("day", "pickup_zone"), ia.between("revenue", 0, 10_000_000)],
     group_name=GROUP,
-    kinds={"duckdb"},
+    kinds={WAREHOUSE_ENGINE},
     pool=WAREHOUSE_POOL,
 )
 def daily_zone_revenue(context: dg.AssetExecutionContext, trips: pa.Table) -> pa.Table:

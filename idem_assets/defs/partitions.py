@@ -2,6 +2,8 @@
 
 import dagster as dg
 
+from idem_assets.defs.warehouse import ENGINES, engine_name, warehouse_slots
+
 #: The first day of trips; `make dev` writes a landing file for every day from it to today.
 FIRST_DAY = "2026-01-01"
 
@@ -16,17 +18,19 @@ DAYS_PER_CHUNK = 31
 
 CHUNKED = dg.BackfillPolicy.multi_run(max_partitions_per_run=DAYS_PER_CHUNK)
 
-#: Concurrency pool of every asset that writes the warehouse file.
-WAREHOUSE_POOL = "duckdb_warehouse"
+#: The warehouse engine (IDEM_WAREHOUSE, defs/warehouse.py), also the assets' kind in the UI.
+WAREHOUSE_ENGINE = engine_name()
 
-#: One slot, because DuckDB lets one process at a time hold the file open for writing.
-WAREHOUSE_SLOTS = 1
+#: Concurrency pool of every asset and check that reads or writes the warehouse.
+WAREHOUSE_POOL = f"{WAREHOUSE_ENGINE}_warehouse"
+
+#: One slot on DuckDB (one writer process per file); 3 on PostgreSQL, or IDEM_WAREHOUSE_SLOTS.
+WAREHOUSE_SLOTS = warehouse_slots()
 
 #: Why the pool exists, shown in the UI with the job that the schedule, sensor and backfills run.
 WAREHOUSE_POOL_REASON = (
-    f"Pool {WAREHOUSE_POOL!r} has {WAREHOUSE_SLOTS} slot: DuckDB lets one process at a time open"
-    " the warehouse file for writing, so runs that write it wait in the queue, oldest first,"
-    " instead of failing on the file lock."
+    f"Pool {WAREHOUSE_POOL!r} has {WAREHOUSE_SLOTS} slot(s):"
+    f" {ENGINES[WAREHOUSE_ENGINE].pool_reason}"
 )
 
 GROUP = "taxi"

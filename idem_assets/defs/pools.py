@@ -17,26 +17,31 @@ from typing import Literal
 import dagster as dg
 
 from idem_assets.defs.partitions import WAREHOUSE_POOL, WAREHOUSE_SLOTS
+from idem_assets.defs.warehouse import engine
 
 PoolOutcome = Literal["kept", "from_default", "set", "unsupported"]
 
 
-def ensure_warehouse_pool(instance: dg.DagsterInstance) -> PoolOutcome:
+def ensure_warehouse_pool(
+    instance: dg.DagsterInstance, slots: int = WAREHOUSE_SLOTS, multi_writer: bool = False
+) -> PoolOutcome:
     """Store the warehouse pool's limit unless the instance already has one; say what happened.
 
-    A limit someone set (``dagster instance concurrency set``) is kept. Otherwise the instance's
-    ``pools.default_limit`` is stored the way the run queue would store it, so editing
-    dagster.yaml still changes it; an instance without that setting gets one slot.
+    A limit someone set (``dagster instance concurrency set``) is kept. A warehouse that takes
+    one writer gets the instance's ``pools.default_limit``, stored the way the run queue would
+    store it, so editing dagster.yaml still changes it, or ``slots`` on an instance without that
+    setting. A multi-writer warehouse (PostgreSQL) gets ``slots``: the default limit is meant
+    for pools nobody sized.
     """
     storage = instance.event_log_storage
     if not storage.supports_global_concurrency_limits:
         return "unsupported"
     if WAREHOUSE_POOL in storage.get_concurrency_keys():
         return "kept"
-    if instance.global_op_concurrency_default_limit is not None:
+    if not multi_writer and instance.global_op_concurrency_default_limit is not None:
         storage.initialize_concurrency_limit_to_default(WAREHOUSE_POOL)
         return "from_default"
-    storage.set_concurrency_slots(WAREHOUSE_POOL, WAREHOUSE_SLOTS)
+    storage.set_concurrency_slots(WAREHOUSE_POOL, slots)
     return "set"
 
 
@@ -44,7 +49,7 @@ def ensure_warehouse_pool(instance: dg.DagsterInstance) -> PoolOutcome:
 def _ensure_in_home(home: str) -> PoolOutcome:
     """Once per process and DAGSTER_HOME: step processes load the location too."""
     with dg.DagsterInstance.get() as instance:
-        return ensure_warehouse_pool(instance)
+        return ensure_warehouse_pool(instance, WAREHOUSE_SLOTS, engine().multi_writer)
 
 
 @dg.definitions

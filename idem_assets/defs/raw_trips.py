@@ -6,7 +6,14 @@ import dagster as dg
 import pyarrow as pa
 
 import idem_assets as ia
-from idem_assets.defs.partitions import CHUNKED, DAILY, FRESHNESS_HOURS, GROUP, WAREHOUSE_POOL
+from idem_assets.defs.partitions import (
+    CHUNKED,
+    DAILY,
+    FRESHNESS_HOURS,
+    GROUP,
+    WAREHOUSE_ENGINE,
+    WAREHOUSE_POOL,
+)
 from idem_assets.defs.resources import LandingZone
 from idem_assets.landing import read_day
 
@@ -28,7 +35,7 @@ RAW_TRIPS_CHECKS = [
     metadata={"partition_expr": "pickup_at"},
     checks=RAW_TRIPS_CHECKS,
     group_name=GROUP,
-    kinds={"duckdb"},
+    kinds={WAREHOUSE_ENGINE},
     pool=WAREHOUSE_POOL,
 )
 def raw_trips(context: dg.AssetExecutionContext, landing: LandingZone) -> ia.Batch:

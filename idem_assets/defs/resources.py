@@ -1,20 +1,12 @@
 """Resources: where the warehouse and the landing zone live (environment variables override)."""
 
-import os
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
-from idem_assets import DuckDBMergeIOManager, DuckDBOverwriteIOManager
+from idem_assets.defs.warehouse import engine
 from idem_assets.landing import default_landing_dir
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def warehouse_path() -> str:
-    """The DuckDB file: ``$IDEM_DUCKDB_PATH``, else ``.data/warehouse.duckdb`` in the checkout."""
-    return os.environ.get("IDEM_DUCKDB_PATH") or str(REPO_ROOT / ".data" / "warehouse.duckdb")
 
 
 class LandingZone(dg.ConfigurableResource):
@@ -32,13 +24,12 @@ class LandingZone(dg.ConfigurableResource):
 
 @dg.definitions
 def resources() -> dg.Definitions:
-    """IO managers for both write modes on one DuckDB file, and the landing zone."""
-    database = warehouse_path()
-    Path(database).parent.mkdir(parents=True, exist_ok=True)
+    """IO managers for both write modes on the chosen warehouse, and the landing zone."""
+    overwrite, merge = engine().io_managers()
     return dg.Definitions(
         resources={
-            "overwrite_io_manager": DuckDBOverwriteIOManager(database=database),
-            "merge_io_manager": DuckDBMergeIOManager(database=database),
+            "overwrite_io_manager": overwrite,
+            "merge_io_manager": merge,
             "landing": LandingZone(root=str(default_landing_dir())),
         }
     )

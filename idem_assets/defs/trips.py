@@ -4,7 +4,7 @@ import dagster as dg
 import pyarrow as pa
 
 import idem_assets as ia
-from idem_assets.defs.partitions import CHUNKED, DAILY, GROUP, WAREHOUSE_POOL
+from idem_assets.defs.partitions import CHUNKED, DAILY, GROUP, WAREHOUSE_ENGINE, WAREHOUSE_POOL
 
 
 @ia.audited_asset(
@@ -23,7 +23,7 @@ from idem_assets.defs.partitions import CHUNKED, DAILY, GROUP, WAREHOUSE_POOL
         ia.between("tip", 0, 1000),
     ],
     group_name=GROUP,
-    kinds={"duckdb"},
+    kinds={WAREHOUSE_ENGINE},
     pool=WAREHOUSE_POOL,
 )
 def trips(context: dg.AssetExecutionContext, raw_trips: pa.Table) -> pa.Table:

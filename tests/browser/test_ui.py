@@ -323,8 +323,8 @@ def test_first_hour_ui_backfill_plots_and_the_readme_cli_backfill(
         dialog = page.get_by_role("dialog").filter(has_text="Launch runs to materialize 4 assets")
         shots.expect_visible(page, dialog, "materialize dialog")
         # "All" is every partition once the dialog shows more than its last 90 days; `make dev`
-        # gave every day a file. (The last 90 alone would fail revenue_running_total's first day,
-        # which needs the total of the day before: its error says to start from the first.)
+        # gave every day a file. (The last 90 alone would fail revenue_running_total, whose
+        # earlier days' revenue was never loaded: its error names the days to load first.)
         dialog.get_by_role("button", name="All", exact=True).click()
         if len(DAILY.get_partition_keys()) > 90:
             show_all = dialog.get_by_text("Show all partitions", exact=True)
@@ -341,8 +341,7 @@ def test_first_hour_ui_backfill_plots_and_the_readme_cli_backfill(
 
     result = services.client.wait_for_backfill(ui_backfill, timeout_s=1800)
     assert result["status"] == "COMPLETED_SUCCESS", (result, runs_of(services, ui_backfill))
-    # One chunk of 31 days for the three chunked assets, then the running total, oldest first
-    # (one run, or a few when the daemon's ticks split its range); every one succeeded.
+    # Chunks of 31 days, each of the four assets with its running totals; every one succeeded.
     runs = runs_of(services, ui_backfill)
     assert set(runs.values()) == {"SUCCESS"}, runs
     assert "2026-01-01...2026-01-31" in runs, runs

@@ -141,8 +141,10 @@ def test_a_range_in_one_run_equals_the_same_days_one_by_one(make_pipeline: MakeP
     assert ranged.fingerprints() == expected
     assert materialized(result) == {t: days("2026-01-02", "2026-01-04") for t in TABLES}
     assert all(metadata(result, t)["range_partitions_written"] == 3 for t in TABLES)
-    seeded = [m for m in ranged.logs(result) if m.startswith("Seeded with the running total")]
-    assert len(seeded) == 1 and "of 2026-01-01" in seeded[0]
+    seeded = [m for m in ranged.logs(result) if m.startswith("Revenue of the")]
+    assert seeded == [
+        f"Revenue of the 1 day(s) before 2026-01-02: {day_revenue(ranged, '2026-01-01')}"
+    ]
 
 
 def test_a_first_backfill_from_the_first_partition_in_one_run(make_pipeline: MakePipeline) -> None:
@@ -157,9 +159,12 @@ def test_a_first_backfill_from_the_first_partition_in_one_run(make_pipeline: Mak
     assert from_start.fingerprints() == one_by_one.fingerprints()
 
 
-@pytest.mark.parametrize("history", ["no table yet", "first day only"])
-def test_running_total_refuses_a_day_whose_previous_day_was_never_materialized(
-    pipeline: Pipeline, history: str
+@pytest.mark.parametrize(
+    ("history", "missing"),
+    [("no table yet", ["2026-01-01", "2026-01-02"]), ("first day only", ["2026-01-02"])],
+)
+def test_running_total_refuses_a_day_whose_earlier_revenue_was_never_materialized(
+    pipeline: Pipeline, history: str, missing: list[str]
 ) -> None:
     pipeline.generate("2026-01-01", "2026-01-03")
     if history == "first day only":
@@ -170,14 +175,13 @@ def test_running_total_refuses_a_day_whose_previous_day_was_never_materialized(
 
     assert not result.success
     message = failure_text(result)
-    if history == "no table yet":
-        # The asset's own check: an empty history is legal for the first day only.
-        assert "revenue_running_total for 2026-01-02 is missing" in message
-        assert "Materialize 2026-01-02 first" in message
-    else:
-        # The IO manager's: the table exists, and that day was never materialised.
-        assert "partition(s) ['2026-01-02'] of 'revenue_running_total' were never" in message
-        assert "Fix: materialise 'revenue_running_total' for those partition(s) first" in message
+    assert (
+        "MissingUpstreamError: Refused to write asset 'revenue_running_total', partition(s) from"
+        f" 2026-01-03: daily_zone_revenue was never materialized for {len(missing)} earlier"
+        f" day(s) {missing}, so their revenue would count as 0 in every total from 2026-01-03"
+        " on. Nothing was changed. Fix: materialize the taxi group for"
+        f" {missing[0]}...{missing[-1]} first (a backfill of that range), then rerun 2026-01-03."
+    ) in message
     # The other assets do not depend on the past, so they were published.
     assert materialized(result) == {
         "raw_trips": ["2026-01-03"],
@@ -185,6 +189,13 @@ def test_running_total_refuses_a_day_whose_previous_day_was_never_materialized(
         "daily_zone_revenue": ["2026-01-03"],
     }
     assert pipeline.fingerprints()["revenue_running_total"] == before
+
+
+def day_revenue(pipeline: Pipeline, day: str) -> Decimal:
+    """The day's revenue summed over its zones in daily_zone_revenue."""
+    return pipeline.query(
+        "SELECT sum(revenue) FROM daily_zone_revenue WHERE day = CAST(? AS DATE)", [day]
+    )[0][0]
 
 
 def test_first_partition_is_seeded_with_zero(pipeline: Pipeline) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from . import REPO, VENV_BIN, Pipeline, days, fingerprints, rows_per_day
+from . import REPO, VENV_BIN, Pipeline, fingerprints, rows_per_day
 
 pytestmark = pytest.mark.slow
 
@@ -78,12 +78,11 @@ def test_asset_materialize_twice_keeps_the_row_counts(pipeline: Pipeline, tmp_pa
     assert fingerprints(pipeline.database) == prints
 
 
-def test_asset_materialize_a_partition_range_of_the_running_total(
+def test_asset_materialize_one_day_of_the_running_total_adds_the_revenue_before_it(
     pipeline: Pipeline, tmp_path: Path
 ) -> None:
     pipeline.generate("2026-01-01", "2026-01-03")
-    # Upstream first; the CLI runs a range only for single-run assets, so do it in-process.
-    # revenue_running_total itself has no table yet: the first day needs no seed.
+    # The upstream days in another instance: the warehouse's rows prove they were written.
     pipeline.run_ok("2026-01-01", "2026-01-03", assets=["raw_trips", "trips", "daily_zone_revenue"])
     assert pipeline.fingerprints()["revenue_running_total"] is None
     env = cli_env(pipeline, tmp_path / "dagster_home")
@@ -97,17 +96,12 @@ def test_asset_materialize_a_partition_range_of_the_running_total(
         "idem_assets.definitions",
         "--select",
         "revenue_running_total",
-        "--partition-range",
-        "2026-01-01...2026-01-03",
+        "--partition",
+        "2026-01-03",
     )
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert rows_per_day(pipeline.database, "revenue_running_total") == dict.fromkeys(
-        days("2026-01-01", "2026-01-03"), 1
-    )
-    assert pipeline.query(
-        "SELECT day::VARCHAR, running_total FROM revenue_running_total ORDER BY day"
-    ) == pipeline.query(
-        "SELECT day::VARCHAR, sum(sum(revenue)) OVER (ORDER BY day)"
-        " FROM daily_zone_revenue GROUP BY day ORDER BY day"
+    assert rows_per_day(pipeline.database, "revenue_running_total") == {"2026-01-03": 1}
+    assert pipeline.query("SELECT running_total FROM revenue_running_total") == pipeline.query(
+        "SELECT sum(revenue) FROM daily_zone_revenue"
     )

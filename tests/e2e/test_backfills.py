@@ -6,10 +6,10 @@ One DAGSTER_HOME and one warehouse are shared by the phases below, in this order
    run queue (max_concurrent_runs 3 and the backfill tag limit) is the binding limit.
 2. The same backfill with the pool at its real limit 1: warehouse runs never overlap, and every
    partition's fingerprint is unchanged.
-3. A chunked asset backfill of the whole group: one run for raw_trips, trips and
-   daily_zone_revenue (multi_run(31) covers 15 days), then one run for revenue_running_total.
+3. A chunked asset backfill of the whole group: one run for all four assets (multi_run(31) covers
+   15 days; the running total has its upstream's policy and reads no earlier day of itself).
 4. ``dagster job backfill -j taxi_daily`` from the CLI: one run per day, oldest first.
-5. ``dg launch --assets revenue_running_total --partition-range``: one run.
+5. ``dg launch --assets revenue_running_total --partition``: one day's total, in process.
 
 After each phase the warehouse reconciles with the manifests and the fingerprints are unchanged.
 """
@@ -25,7 +25,6 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import duckdb
 import pytest
 import yaml
@@ -39,6 +38,7 @@ from idem_assets.defs.reconciliation import (
     reconcile,
     rows_per_day,
 )
+from idem_assets.defs.stale_totals import TOTALS_CHECK
 
 # Relative, because tests/ has no __init__.py (see test_harness.py).
 from .dagster_services import (
@@ -248,6 +248,23 @@ def assert_reconciles(database: Path, landing_dir: Path) -> None:
     assert sum(actual.values()) == DAYS * ROWS_PER_DAY == 3000
 
 
+def assert_totals_are_sums(database: Path) -> None:
+    """Every day's running total is the revenue of every day up to it, one row per day."""
+    conn = duckdb.connect(str(database), read_only=True)
+    try:
+        stored = conn.sql(
+            "SELECT day::VARCHAR, running_total FROM revenue_running_total ORDER BY day"
+        ).fetchall()
+        sums = conn.sql(
+            "SELECT day::VARCHAR, sum(sum(revenue)) OVER (ORDER BY day)"
+            " FROM daily_zone_revenue GROUP BY day ORDER BY day"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert [day for day, _ in stored] == PARTITIONS
+    assert stored == sums
+
+
 def summary(
     records: Sequence[RunRecord], events: Mapping[str, RunEvents], launched_at: float
 ) -> dict[str, Any]:
@@ -342,25 +359,12 @@ def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
 
     assert result["status"] == "COMPLETED_SUCCESS", result
     assert {r.status for r in records} == {"SUCCESS"}
-    assets = {r.run_id: run_assets(client, r.run_id) for r in records}
-    (chunk,) = [r for r in records if assets[r.run_id] != ["revenue_running_total"]]
-    totals = [r for r in records if assets[r.run_id] == ["revenue_running_total"]]
-    measured["chunked_group"]["revenue_running_total_runs"] = len(totals)
-    # One run covers 15 days of the three chunked assets.
-    assert assets[chunk.run_id] == ["daily_zone_revenue", "raw_trips", "trips"]
+    # One run covers 15 days of the four assets: no second tick for the running total.
+    (chunk,) = records
+    assert run_assets(client, chunk.run_id) == sorted(GROUP)
     assert chunk.partition == f"{PARTITIONS[0]}...{PARTITIONS[-1]}"
-    # revenue_running_total reads daily_zone_revenue, so it starts after the chunk ended; its
-    # range is one run in almost every case, and runs of it must go oldest first.
-    assert chunk.end_time is not None
-    assert all(t.start_time is not None and t.start_time >= chunk.end_time for t in totals)
-    covered = [
-        day
-        for t in sorted(totals, key=lambda t: t.start_time or 0)
-        for day in DAILY.get_partition_keys_in_range(
-            dg.PartitionKeyRange(*(t.partition or "").split("..."))
-        )
-    ]
-    assert covered == PARTITIONS
+    assert events[chunk.run_id].checks[TOTALS_CHECK] is True
+    assert_totals_are_sums(database)
     assert measured["chunked_group"]["overlap_steps"] == 1
     everything = fingerprints(database)
     assert {k: v for k, v in everything.items() if k[0] == "raw_trips"} == first
@@ -393,15 +397,13 @@ def test_backfills_run_under_the_limits_oldest_first_and_rerun_identically(
     assert measured["cli_job_backfill"]["overlap_in_progress"] == 1
     assert fingerprints(database) == everything
 
-    # 5. A range of revenue_running_total in one in-process run from the CLI.
+    # 5. One day of revenue_running_total in one in-process run from the CLI.
     started = time.monotonic()
     launch = services.run_shell(
-        "dg launch --assets revenue_running_total --partition-range"
-        f" {PARTITIONS[4]}...{PARTITIONS[-1]}",
-        timeout_s=180,
+        f"dg launch --assets revenue_running_total --partition {PARTITIONS[-1]}", timeout_s=180
     )
     assert launch.returncode == 0, launch.stdout + launch.stderr
-    measured["cli_asset_materialize_range_s"] = round(time.monotonic() - started, 1)
+    measured["cli_running_total_day_s"] = round(time.monotonic() - started, 1)
     assert fingerprints(database) == everything
     assert_reconciles(database, landing_dir)
 

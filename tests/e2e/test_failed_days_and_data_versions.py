@@ -5,7 +5,7 @@
    (what the UI's partition selection offers) reruns that chunk only.
 2. With ``ia.content_changed()`` on the downstream assets and the automation daemon running, an
    identical rerun of raw_trips for a day starts no run; a corrected landing file starts one
-   request for that day (one backfill: one run per backfill policy).
+   request for that day (one run: every asset has the same policy).
 """
 
 import json
@@ -343,26 +343,18 @@ def test_an_identical_rerun_starts_nothing_downstream_and_a_correction_one_reque
     assert assets_of(new[0]) == ["raw_trips"]
     automation = new[1:]
     tags = [{t["key"]: t["value"] for t in run["tags"]} for run in automation]
-    # One request of one tick, for the corrected day only. Dagster runs it as one backfill, split
-    # by backfill policy: the chunked assets in one run, the single_run running total in another.
+    # One request of one tick, for the corrected day only, and one run: every asset has the same
+    # policy and the running total reads no earlier day of itself, so no backfill is needed.
     assert all(t["dagster/from_automation_condition"] == "true" for t in tags)
-    assert len({t["dagster/backfill"] for t in tags}) == 1
     assert len({t["dagster/tick"] for t in tags}) == 1
-    assert sorted(assets_of(run) for run in automation) == [
-        ["daily_zone_revenue", "trips"],
-        ["revenue_running_total"],
+    assert [assets_of(run) for run in automation] == [
+        ["daily_zone_revenue", "revenue_running_total", "trips"]
     ]
-    ranges = {
-        assets_of(run)[0]: (
-            t["dagster/asset_partition_range_start"],
-            t["dagster/asset_partition_range_end"],
-        )
-        for run, t in zip(automation, tags, strict=True)
-    }
-    # Automation asked for the corrected day of each asset; Dagster's asset backfill widened the
-    # self-dependent, single_run running total's run to the day before as well, which it
-    # rewrites with the same rows.
-    assert ranges == {"daily_zone_revenue": (day, day), "revenue_running_total": (DAYS[0], day)}
-    assert [run["status"] for run in automation] == ["SUCCESS", "SUCCESS"]
+    assert [
+        t.get("dagster/partition")
+        or f"{t['dagster/asset_partition_range_start']}...{t['dagster/asset_partition_range_end']}"
+        for t in tags
+    ] in ([day], [f"{day}...{day}"])
+    assert [run["status"] for run in automation] == ["SUCCESS"]
     assert rows_per_day(tmp_path / "warehouse.duckdb", "trips")[day] == ROWS - 5
     assert rows_per_day(tmp_path / "warehouse.duckdb", "raw_trips")[day] == ROWS - 5

@@ -1,0 +1,128 @@
+"""The warehouse the code location writes: DuckDB by default, PostgreSQL by one setting.
+
+``IDEM_WAREHOUSE=duckdb|postgres`` chooses the engine. Each engine is one entry of
+:data:`ENGINES`: how to build its overwrite and merge IO managers from the environment, and how
+many runs may write it at once. Everything else in the code location reads and writes through
+those IO managers, so another engine is one more entry.
+"""
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import idem_assets as ia
+
+WAREHOUSE_ENV = "IDEM_WAREHOUSE"
+DEFAULT_ENGINE = "duckdb"
+#: Runs that may write a multi-writer warehouse at once (PostgreSQL); DuckDB always has one.
+SLOTS_ENV = "IDEM_WAREHOUSE_SLOTS"
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: The PostgreSQL warehouse's connection, from the environment; the password only from
+#: IDEM_PG_PASSWORD, read when a connection opens (never in config, logs or metadata).
+PG_HOST, PG_PORT, PG_USER, PG_DB, PG_PASSWORD = (
+    "IDEM_PG_HOST",
+    "IDEM_PG_PORT",
+    "IDEM_PG_USER",
+    "IDEM_PG_DB",
+    "IDEM_PG_PASSWORD",
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One warehouse engine: its IO managers and how many runs may write it at once."""
+
+    name: str
+    #: Runs that may write at once unless IDEM_WAREHOUSE_SLOTS says otherwise.
+    slots: int
+    #: Whether more than one process may write it (IDEM_WAREHOUSE_SLOTS may raise ``slots``).
+    multi_writer: bool
+    #: The overwrite and the merge IO manager, built from the environment.
+    io_managers: Callable[[], tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]]
+    #: Why the pool has its slots, shown in the UI with the job.
+    pool_reason: str
+
+
+def warehouse_path() -> str:
+    """The DuckDB file: ``$IDEM_DUCKDB_PATH``, else ``.data/warehouse.duckdb`` in the checkout."""
+    return os.environ.get("IDEM_DUCKDB_PATH") or str(REPO_ROOT / ".data" / "warehouse.duckdb")
+
+
+def duckdb_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]:
+    """Both IO managers on one DuckDB file."""
+    database = warehouse_path()
+    Path(database).parent.mkdir(parents=True, exist_ok=True)
+    return ia.DuckDBOverwriteIOManager(database=database), ia.DuckDBMergeIOManager(
+        database=database
+    )
+
+
+def postgres_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]:
+    """Both IO managers on the PostgreSQL database the IDEM_PG_* variables name."""
+    connection = {
+        "host": os.environ.get(PG_HOST, "localhost"),
+        "port": int(os.environ.get(PG_PORT, "5432")),
+        "user": os.environ.get(PG_USER, "postgres"),
+        "database": os.environ.get(PG_DB, "idem_assets"),
+        "password_env": PG_PASSWORD,
+    }
+    return ia.PostgresOverwriteIOManager(**connection), ia.PostgresMergeIOManager(**connection)
+
+
+ENGINES: dict[str, Engine] = {
+    "duckdb": Engine(
+        name="duckdb",
+        slots=1,
+        multi_writer=False,
+        io_managers=duckdb_io_managers,
+        pool_reason=(
+            "DuckDB lets one process at a time open the warehouse file for writing, so runs that"
+            " write it wait in the queue, oldest first, instead of failing on the file lock."
+        ),
+    ),
+    "postgres": Engine(
+        name="postgres",
+        slots=3,
+        multi_writer=True,
+        io_managers=postgres_io_managers,
+        pool_reason=(
+            "PostgreSQL takes several writers: runs of different days write in parallel, and two"
+            " writers of the same day take turns on that day's lock."
+        ),
+    ),
+}
+
+
+def engine_name() -> str:
+    """The engine ``$IDEM_WAREHOUSE`` names (``duckdb`` when unset)."""
+    name = (os.environ.get(WAREHOUSE_ENV) or DEFAULT_ENGINE).strip().lower()
+    if name not in ENGINES:
+        raise ia.ConfigurationError(
+            f"{WAREHOUSE_ENV}={name!r} names no warehouse engine. Nothing was changed. Fix: set"
+            f" {WAREHOUSE_ENV} to one of {sorted(ENGINES)} (unset means {DEFAULT_ENGINE!r})."
+        )
+    return name
+
+
+def engine() -> Engine:
+    """The warehouse engine the environment chooses."""
+    return ENGINES[engine_name()]
+
+
+def warehouse_slots() -> int:
+    """Runs that may write the warehouse at once: the engine's, or ``$IDEM_WAREHOUSE_SLOTS``."""
+    chosen = engine()
+    value = os.environ.get(SLOTS_ENV)
+    if value is None or value == "":
+        return chosen.slots
+    if not value.isdigit() or int(value) < 1 or (int(value) > 1 and not chosen.multi_writer):
+        allowed = "a whole number of at least 1" if chosen.multi_writer else "1"
+        raise ia.ConfigurationError(
+            f"{SLOTS_ENV}={value!r} is not a slot count the {chosen.name} warehouse takes."
+            f" Nothing was changed. Fix: set {SLOTS_ENV} to {allowed}, or unset it for"
+            f" {chosen.slots}."
+        )
+    return int(value)
