@@ -24,7 +24,8 @@ WAREHOUSE_ENGINE = engine_name()
 #: Concurrency pool of every asset and check that reads or writes the warehouse.
 WAREHOUSE_POOL = f"{WAREHOUSE_ENGINE}_warehouse"
 
-#: One slot on DuckDB (one writer process per file); 3 on PostgreSQL, or IDEM_WAREHOUSE_SLOTS.
+#: One slot on DuckDB (one writer process per file); 3 on PostgreSQL and Delta Lake, or
+#: IDEM_WAREHOUSE_SLOTS.
 WAREHOUSE_SLOTS = warehouse_slots()
 
 #: Why the pool exists, shown in the UI with the job that the schedule, sensor and backfills run.

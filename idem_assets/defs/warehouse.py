@@ -1,6 +1,6 @@
-"""The warehouse the code location writes: DuckDB by default, PostgreSQL by one setting.
+"""The warehouse the code location writes: DuckDB by default, PostgreSQL or Delta by one setting.
 
-``IDEM_WAREHOUSE=duckdb|postgres`` chooses the engine. Each engine is one entry of
+``IDEM_WAREHOUSE=duckdb|postgres|delta`` chooses the engine. Each engine is one entry of
 :data:`ENGINES`: how to build its overwrite and merge IO managers from the environment, and how
 many runs may write it at once. Everything else in the code location reads and writes through
 those IO managers, so another engine is one more entry.
@@ -19,6 +19,10 @@ DEFAULT_ENGINE = "duckdb"
 SLOTS_ENV = "IDEM_WAREHOUSE_SLOTS"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: Where the Delta tables live: a folder, or an object-store URI (``s3://bucket/lake``) whose
+#: credentials delta-rs reads from the environment (AWS_* variables).
+DELTA_ROOT = "IDEM_DELTA_ROOT"
 
 #: The PostgreSQL warehouse's connection, from the environment; the password only from
 #: IDEM_PG_PASSWORD, read when a connection opens (never in config, logs or metadata).
@@ -72,6 +76,19 @@ def postgres_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManag
     return ia.PostgresOverwriteIOManager(**connection), ia.PostgresMergeIOManager(**connection)
 
 
+def delta_root() -> str:
+    """The Delta tables' root: ``$IDEM_DELTA_ROOT``, else ``.data/lake`` in the checkout."""
+    return os.environ.get(DELTA_ROOT) or str(REPO_ROOT / ".data" / "lake")
+
+
+def delta_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]:
+    """Both IO managers on the Delta tables under :func:`delta_root`."""
+    root = delta_root()
+    if "://" not in root:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    return ia.DeltaOverwriteIOManager(root=root), ia.DeltaMergeIOManager(root=root)
+
+
 ENGINES: dict[str, Engine] = {
     "duckdb": Engine(
         name="duckdb",
@@ -91,6 +108,16 @@ ENGINES: dict[str, Engine] = {
         pool_reason=(
             "PostgreSQL takes several writers: runs of different days write in parallel, and two"
             " writers of the same day take turns on that day's lock."
+        ),
+    ),
+    "delta": Engine(
+        name="delta",
+        slots=3,
+        multi_writer=True,
+        io_managers=delta_io_managers,
+        pool_reason=(
+            "Delta Lake commits optimistically: runs of different days write files of their own"
+            " and both commit, and two writers of the same day retry, so neither doubles it."
         ),
     ),
 }

@@ -1,4 +1,4 @@
-"""One setting chooses the warehouse: the whole chain, its checks and the report on PostgreSQL."""
+"""One setting chooses the warehouse: the chain, its checks and the report on Postgres or Delta."""
 
 import os
 import shutil
@@ -13,7 +13,13 @@ from idem_assets.defs.raw_trips import raw_trips
 from idem_assets.defs.reconciliation import RECONCILE_CHECK, counts_per_day
 from idem_assets.defs.revenue_running_total import revenue_running_total
 from idem_assets.defs.stale_totals import TOTALS_CHECK, revenue_per_day, stored_totals
-from idem_assets.defs.warehouse import SLOTS_ENV, WAREHOUSE_ENV, engine, warehouse_slots
+from idem_assets.defs.warehouse import (
+    DELTA_ROOT,
+    SLOTS_ENV,
+    WAREHOUSE_ENV,
+    engine,
+    warehouse_slots,
+)
 from idem_assets.lib.backends.postgres import PostgresLocation
 from tests.helpers import readme_bash
 
@@ -50,6 +56,46 @@ def test_the_chain_runs_on_postgres_by_one_setting(make_pipeline: MakePipeline) 
     assert verdicts[("revenue_running_total", TOTALS_CHECK)].passed
     # Nothing went to a DuckDB file.
     assert not pipeline.database.exists()
+    counts = counts_per_day(overwrite.read_asset(raw_trips), "pickup_at")
+    assert counts == dict.fromkeys(DAYS, ROWS)
+    revenue = revenue_per_day(overwrite.read_asset(daily_zone_revenue))
+    totals = stored_totals(overwrite.read_asset(revenue_running_total))
+    assert totals == {
+        DAYS[0]: revenue[DAYS[0]],
+        DAYS[1]: revenue[DAYS[0]] + revenue[DAYS[1]],
+        DAYS[2]: sum(revenue.values()),
+    }
+
+
+def test_the_chain_runs_on_delta_lake_by_one_setting(
+    make_pipeline: MakePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same chain on Delta tables: totals, reconciliation and the report read through them."""
+    lake = tmp_path / "lake"
+    monkeypatch.setenv(WAREHOUSE_ENV, "delta")
+    monkeypatch.setenv(DELTA_ROOT, str(lake))
+    pipeline = make_pipeline()
+    pipeline.generate(DAYS[0], DAYS[-1])
+    overwrite = pipeline.defs.resources["overwrite_io_manager"]
+    assert isinstance(overwrite, ia.DeltaOverwriteIOManager)
+    assert isinstance(pipeline.defs.resources["merge_io_manager"], ia.DeltaMergeIOManager)
+    assert warehouse_slots() == 3
+
+    pipeline.run_ok(DAYS[0])
+    result = pipeline.run_ok(DAYS[1], DAYS[2])
+    pipeline.run_ok(DAYS[1])
+
+    assert materialized(result)["revenue_running_total"] == DAYS[1:]
+    verdicts = check_evaluations(result)
+    assert verdicts[("raw_trips", RECONCILE_CHECK)].passed
+    assert verdicts[("revenue_running_total", TOTALS_CHECK)].passed
+    assert not pipeline.database.exists()
+    assert sorted(p.name for p in (lake / "main").iterdir()) == [
+        "daily_zone_revenue",
+        "raw_trips",
+        "revenue_running_total",
+        "trips",
+    ]
     counts = counts_per_day(overwrite.read_asset(raw_trips), "pickup_at")
     assert counts == dict.fromkeys(DAYS, ROWS)
     revenue = revenue_per_day(overwrite.read_asset(daily_zone_revenue))
@@ -105,6 +151,36 @@ def test_the_readme_switch_runs_as_printed(
     assert list(totals) == [DAYS[0]]
 
 
+def test_the_readme_delta_switch_runs_as_printed(
+    make_pipeline: MakePipeline, tmp_path: Path
+) -> None:
+    pipeline = make_pipeline()
+    pipeline.generate(DAYS[0])
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    lake = tmp_path / "lake"
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "VIRTUAL_ENV": str(VENV_BIN.parent),
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        DELTA_ROOT: str(lake),
+    }
+    env.pop(WAREHOUSE_ENV, None)
+    (command,) = readme_bash("### The warehouse on Delta Lake, by one setting")
+
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not pipeline.database.exists()
+    reader = ia.DeltaOverwriteIOManager(root=str(lake))
+    assert counts_per_day(reader.read_asset(raw_trips), "pickup_at") == {DAYS[0]: ROWS}
+    assert list(stored_totals(reader.read_asset(revenue_running_total))) == [DAYS[0]]
+
+
 def test_duckdb_is_the_default_with_one_slot(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(WAREHOUSE_ENV, raising=False)
     monkeypatch.delenv(SLOTS_ENV, raising=False)
@@ -122,7 +198,7 @@ def test_duckdb_is_the_default_with_one_slot(monkeypatch: pytest.MonkeyPatch) ->
             "mysql",
             None,
             "IDEM_WAREHOUSE='mysql' names no warehouse engine. Nothing was changed. Fix: set"
-            " IDEM_WAREHOUSE to one of ['duckdb', 'postgres'] (unset means 'duckdb').",
+            " IDEM_WAREHOUSE to one of ['delta', 'duckdb', 'postgres'] (unset means 'duckdb').",
         ),
         (
             "duckdb",

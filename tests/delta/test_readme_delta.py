@@ -18,7 +18,7 @@ def test_the_readme_delta_configuration_runs_as_printed(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {}
-    exec(compile(readme_python("## On Delta Lake"), "README.md", "exec"), namespace)
+    exec(compile(readme_python("### On Delta Lake"), "README.md", "exec"), namespace)
     resources = namespace["resources"]
     assert isinstance(resources["io_manager"], ia.DeltaOverwriteIOManager)
     assert isinstance(resources["merge_io_manager"], ia.DeltaMergeIOManager)
