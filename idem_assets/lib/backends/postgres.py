@@ -404,6 +404,12 @@ class PostgresBackend:
         if s.partition_expr:
             # Every count, delete, fingerprint and load of a window then reads only its rows.
             self._run(sql.create_index(_target(scope), [s.partition_expr]))
+        keys = [f for f in self._fits if f.stored_name in s.primary_key]
+        # boolean has no BRIN operator class.
+        if s.mode == "merge" and keys and not any(pa.types.is_boolean(f.stored_type) for f in keys):
+            # A merge looks up its keys in the whole table; the block ranges' key bounds let it
+            # read only the blocks whose keys overlap the batch's (for keys handed out in order).
+            self._run(sql.create_key_ranges_index(_target(scope), [f.stored_name for f in keys]))
 
     def _copy(self, scope: Scope, rows: pa.Table) -> int:
         """Binary COPY of ``rows`` into the target, in this transaction."""

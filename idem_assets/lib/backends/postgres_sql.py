@@ -84,6 +84,16 @@ def create_index(target: str, columns: Sequence[str]) -> str:
     return f"CREATE INDEX ON {target} ({', '.join(quoted_columns(columns))})"
 
 
+def create_key_ranges_index(target: str, columns: Sequence[str]) -> str:
+    """A BRIN index on ``columns``: each block range's least and greatest value.
+
+    Nearly free to keep up on insert, unlike a B-tree; ``autosummarize`` lets autovacuum
+    summarise the ranges new rows fill, so they too are skipped when their keys do not overlap.
+    """
+    cols = ", ".join(quoted_columns(columns))
+    return f"CREATE INDEX ON {target} USING brin ({cols}) WITH (autosummarize = on)"
+
+
 def count_window(
     target: str, partition_column: str | None, spans: Sequence[tuple[Bound, Bound]]
 ) -> Statement:
