@@ -439,7 +439,8 @@ class PostgresBackend:
         elif settings.delete_missing:
             self._run(sql.delete_all(target))
         else:
-            self._run(sql.delete_matching_keys(target, self._keys_table(scope), scope.key))
+            keys = self._keys_table(scope)
+            self._run(sql.delete_matching_keys(target, keys, scope.key, self._key_ranges))
         on_stage("deleted")
         rows = self._staged_rows()
         if settings.dedupe_order_by:

@@ -147,10 +147,12 @@ def _key_in(keys: str, key: Sequence[str], ranges: Sequence[tuple[Any, Any]]) ->
     return f"{narrow}{lhs} IN (SELECT {', '.join(kc)} FROM {keys})", params
 
 
-def delete_matching_keys(target: str, keys: str, key: Sequence[str]) -> str:
+def delete_matching_keys(
+    target: str, keys: str, key: Sequence[str], ranges: Sequence[tuple[Any, Any]]
+) -> Statement:
     """Delete target rows whose key ``keys`` holds (the upsert's update half)."""
-    cond = " AND ".join(f"t.{c} = k.{c}" for c in quoted_columns(key))
-    return f"DELETE FROM {target} t USING {keys} k WHERE {cond}"
+    hit, params = _key_in(keys, key, ranges)
+    return numbered((f"DELETE FROM {target} t WHERE {hit}", params))
 
 
 def merge_counts(
