@@ -56,7 +56,7 @@ class Side:
         """Create the table ``settings``' publish creates, COPY ``days`` in, then VACUUM.
 
         Every side of a comparison gets the same table: its columns and its indexes (on the
-        partition column; a merge's also on the key).
+        partition column; a merge's also a BRIN on the key).
         """
         with PostgresBackend.connect(self.location) as backend:
             ia.publish(backend, days[0], settings, _window(days[0]), now=data.NOW)
@@ -186,7 +186,8 @@ def _overwrite(server: PostgresServer, rows: int, rounds: int, bench: str) -> li
             notes=[
                 f"{label} ({batch.nbytes / 1e6:.0f} MB Arrow) over the old version of the day in"
                 f" a table holding {OTHER_PARTITIONS} other days; publish runs every guard, the"
-                " advisory locks, the owners check and the per-day fingerprint; both sides COPY"
+                " advisory locks, the owners check and the per-day fingerprint (hashed in DuckDB);"
+                " both sides COPY"
                 " through the ADBC driver; VACUUM ANALYZE (untimed) before each round"
             ],
         )
@@ -301,9 +302,10 @@ def _merge(server: PostgresServer, partitions: int, rows: int, rounds: int) -> l
         ln.notes.append(
             f"batch {batch.num_rows:,} rows ({counts['updates']:,} updates, {counts['new']:,} new,"
             f" {counts['duplicates']:,} losing duplicates; {counts['stale']:,} stale window rows"
-            f" deleted) into {table_rows:,}; every side's table has the index the publish"
-            f" creates (on {data.PARTITION_COLUMN}), the ON CONFLICT side also a unique one on"
-            f" {KEYS}" + ("; target applies to the fastest raw SQL" if raw == fastest else "")
+            f" deleted) into {table_rows:,}; every side's table has the indexes the publish"
+            f" creates (a B-tree on {data.PARTITION_COLUMN}, a BRIN on {KEYS}), the ON CONFLICT"
+            f" side also a unique one on {KEYS}"
+            + ("; target applies to the fastest raw SQL" if raw == fastest else "")
         )
         lines.append(ln)
     return lines

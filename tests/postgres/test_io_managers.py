@@ -279,3 +279,29 @@ def test_an_opted_in_widening_alters_the_column_in_the_publish(
         assert backend.cur.fetchall() == [("fee", "numeric", 12), ("seats", "bigint", 64)]
         backend.cur.execute("SELECT max(seats) FROM main.trips")
         assert backend.cur.fetchall() == [(2**40,)]
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "expected"),
+    [
+        ("overwrite", "trip_id", {"btree (pickup_at)"}),
+        ("merge", "trip_id", {"btree (pickup_at)", "brin (trip_id)"}),
+        # boolean has no BRIN operator class: the table is created without the key's index.
+        ("merge", "flag", {"btree (pickup_at)"}),
+    ],
+)
+def test_a_new_table_is_indexed_on_its_window_and_a_merged_one_on_its_key_ranges(
+    postgres_location: PostgresLocation, mode: str, key: str, expected: set[str]
+) -> None:
+    rows = day_batch(DAY, 5)
+    if key == "flag":
+        rows = rows.append_column("flag", pa.array([True, False, True, False, True])).drop(
+            ["trip_id"]
+        )
+        rows = rows.filter(pa.array([True, True, False, False, False]))
+    md = {"partition_expr": "pickup_at", "primary_key": [key]}
+    with PostgresBackend.connect(postgres_location) as backend:
+        ia.publish(backend, rows, settings(mode, md), window(DAY), now=NOW)
+        backend.cur.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'trips'")
+        found = {d.split(" USING ")[1].split(" WITH")[0] for (d,) in backend.cur.fetchall()}
+    assert found == expected

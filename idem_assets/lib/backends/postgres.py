@@ -8,11 +8,12 @@ day can never double it while writers of other days run in parallel; readers are
 Rows travel as Arrow over the ADBC driver's binary COPY.
 """
 
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import adbc_driver_postgresql.dbapi as adbc
@@ -21,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from idem_assets.lib import batch_sql, guards
+from idem_assets.lib.backends import duckdb_sql as duck_sql
 from idem_assets.lib.backends import postgres_sql as sql
 from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type
 from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
@@ -38,7 +40,7 @@ from idem_assets.lib.schema_fit import (
     stored_batch,
 )
 from idem_assets.lib.settings import WriteSettings
-from idem_assets.lib.windows import WriteWindow, spans_for
+from idem_assets.lib.windows import Bound, WriteWindow, spans_for
 
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
@@ -50,6 +52,7 @@ OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
 #: Pinned per session, so a value read as text (a sample in a message) reads the same for everyone.
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c extra_float_digits=1"
 DIALECT = PostgresTypes()
+T = TypeVar("T", pa.Table, pa.RecordBatch)
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,8 @@ class PostgresBackend:
         self._table_cols: dict[str, str] | None = None
         self._fits: list[ColumnFit] = []
         self._stored: pa.Table | None = None
+        #: The rows the write copied in (the batch, deduplicated for a merge).
+        self._written: pa.Table | None = None
         self._registered: list[str] = []
         self._temp: list[str] = []
         self._keys = ""
@@ -241,7 +246,7 @@ class PostgresBackend:
 
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Cast the batch to the stored names and types in Arrow, and hand it to the guards."""
-        table = _arrow_types(self._table_cols, settings) if self._table_cols else None
+        table = _arrow_types(self._table_cols, _name(settings)) if self._table_cols else None
         changes = schema_changes(settings, where, batch.schema, table, DIALECT)
         if table is not None and changes:
             table = evolved(table, changes)
@@ -294,7 +299,7 @@ class PostgresBackend:
     def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
         """The table's columns as Arrow types, or ``None`` when there is no table."""
         cols = self._columns(settings.schema, settings.table)
-        return _arrow_types(cols, settings) if cols is not None else None
+        return _arrow_types(cols, _name(settings)) if cols is not None else None
 
     def _columns(self, schema: str, table: str) -> dict[str, str] | None:
         rows = self._rows(sql.table_columns(schema, table))
@@ -388,8 +393,10 @@ class PostgresBackend:
             return
         self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
         s = scope.settings
-        if self._columns(s.schema, s.table) is not None:
+        found = self._columns(s.schema, s.table)
+        if found is not None:
             # Another writer created it while this one waited for the lock.
+            self._table_cols = found
             return
         self._run(f"CREATE SCHEMA IF NOT EXISTS {quote(s.schema)}")
         columns = [(f.stored_name, DIALECT.type_sql(f.stored_type)) for f in self._fits]
@@ -397,6 +404,12 @@ class PostgresBackend:
         if s.partition_expr:
             # Every count, delete, fingerprint and load of a window then reads only its rows.
             self._run(sql.create_index(_target(scope), [s.partition_expr]))
+        keys = [f for f in self._fits if f.stored_name in s.primary_key]
+        # boolean has no BRIN operator class.
+        if s.mode == "merge" and keys and not any(pa.types.is_boolean(f.stored_type) for f in keys):
+            # A merge looks up its keys in the whole table; the block ranges' key bounds let it
+            # read only the blocks whose keys overlap the batch's (for keys handed out in order).
+            self._run(sql.create_key_ranges_index(_target(scope), [f.stored_name for f in keys]))
 
     def _copy(self, scope: Scope, rows: pa.Table) -> int:
         """Binary COPY of ``rows`` into the target, in this transaction."""
@@ -413,7 +426,8 @@ class PostgresBackend:
         else:
             self._run(sql.delete_all(_target(scope)))
         on_stage("deleted")
-        return self._copy(scope, self._staged_rows())
+        self._written = self._staged_rows()
+        return self._copy(scope, self._written)
 
     def merge(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
         """Delete the batch's keys (the whole window with delete_missing), COPY the batch in."""
@@ -425,7 +439,8 @@ class PostgresBackend:
         elif settings.delete_missing:
             self._run(sql.delete_all(target))
         else:
-            self._run(sql.delete_matching_keys(target, self._keys_table(scope), scope.key))
+            keys = self._keys_table(scope)
+            self._run(sql.delete_matching_keys(target, keys, scope.key, self._key_ranges))
         on_stage("deleted")
         rows = self._staged_rows()
         if settings.dedupe_order_by:
@@ -434,6 +449,8 @@ class PostgresBackend:
                 scope.staged.relation, scope.key, settings.dedupe_order_by, columns
             )
             rows = self.evaluator().sql(query).to_arrow_table().select(rows.column_names)
+            rows = rows.cast(self._staged_rows().schema)
+        self._written = rows
         return self._copy(scope, rows)
 
     def _staged_rows(self) -> pa.Table:
@@ -442,20 +459,77 @@ class PostgresBackend:
         return self._stored
 
     def fingerprints(self, scope: Scope) -> dict[str | None, tuple[int, int]]:
-        """Count and hash sum of the window now, per partition of a range."""
-        columns = [f.stored_name for f in self._fits]
+        """Count and hash sum of the window as this publish leaves it, per partition of a range.
+
+        Hashed in the embedded DuckDB over the rows the window holds after the write, never on
+        the server: the staged batch itself, plus, for an upsert, the window's rows it keeps
+        (read back as Arrow). :meth:`fingerprint_table` hashes stored rows the same way, so a
+        fingerprint is a function of the rows alone and equals DuckDB's for the same rows.
+        """
+        after = self._register(self._after(scope))
+        columns = list(self._staged_rows().column_names)
+        duck = self.evaluator()
         if scope.bounds and scope.pcol:
-            q = sql.partition_fingerprints(_target(scope), columns, scope.pcol, scope.bounds)
-            return {k: (n, int(d)) for k, n, d in self._rows(q)}
-        count, digest = self._rows(
-            sql.fingerprint(_target(scope), columns, scope.pcol, scope.spans)
-        )[0]
+            q, p = duck_sql.partition_fingerprints(after, columns, scope.pcol, scope.bounds)
+            return {k: (n, int(d)) for k, n, d in duck.execute(q, p).fetchall()}
+        count, digest = duck.execute(*duck_sql.fingerprint(after, columns)).fetchall()[0]
         return {None: (count, int(digest))}
+
+    def _after(self, scope: Scope) -> pa.Table | pa.RecordBatchReader:
+        """The window's rows as the write leaves them."""
+        s, target = scope.settings, _target(scope)
+        if not _exact(self._table_cols or {}):
+            # The table stores some value otherwise than staged (timestamp(3), character(n)).
+            return self._read(target, s.schema, s.table, scope.pcol, scope.spans)
+        written = self._written if self._written is not None else self._staged_rows()
+        if s.mode != "merge" or s.delete_missing:
+            return written
+        # An upsert keeps the window's rows whose key the batch does not hold.
+        kept = sql.rows_without_keys(
+            target,
+            list(written.column_names),
+            self._keys_table(scope),
+            scope.key,
+            scope.pcol,
+            scope.spans,
+        )
+        self._run(kept)
+        rows = _as_stored(
+            self.cur.fetch_arrow_table(),
+            dict(zip(written.schema.names, written.schema.types, strict=True)),
+        )
+        return pa.concat_tables([written, rows.cast(written.schema)])
+
+    def _register(self, rows: pa.Table | pa.RecordBatchReader) -> str:
+        """Hand ``rows`` to the evaluator for this transaction; returns the quoted name."""
+        name = BATCH_PREFIX + uuid.uuid4().hex
+        self.evaluator().register(name, rows)
+        self._registered.append(name)
+        return quote(name)
+
+    def _read(
+        self,
+        target: str,
+        schema: str,
+        table: str,
+        pcol: str | None,
+        spans: Sequence[tuple[Bound, Bound]],
+    ) -> pa.RecordBatchReader:
+        """Stream the window's rows (the whole table without one) as Arrow in stored types."""
+        cols = self._columns(schema, table) or {}
+        types = _arrow_types(cols, f"{schema}.{table}")
+        self._run(sql.select_rows(target, list(cols), pcol, spans))
+        batches = (_as_stored(b, types) for b in self.cur.fetch_record_batch())
+        return pa.RecordBatchReader.from_batches(pa.schema(list(types.items())), batches)
 
     def fingerprint_table(
         self, schema: str, table: str, partition_column: str | None, window: WriteWindow | None
     ) -> tuple[int, int] | None:
-        """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
+        """Count and hash sum of a table (or one window of it); ``None`` when it is absent.
+
+        The stored rows are read as Arrow and hashed in the evaluator, as :meth:`fingerprints`
+        hashes the rows a publish leaves.
+        """
         cols = self._columns(schema, table)
         if cols is None:
             return None
@@ -465,7 +539,15 @@ class PostgresBackend:
         # The library's own table has a name no user table can have, so it skips that check.
         own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
         target = OWNERS if own else qualified(schema, table)
-        count, digest = self._rows(sql.fingerprint(target, list(cols), partition_column, spans))[0]
+        rows = self._read(target, schema, table, partition_column if spans else None, spans)
+        name = BATCH_PREFIX + uuid.uuid4().hex
+        duck = self.evaluator()
+        duck.register(name, rows)
+        try:
+            found = duck.execute(*duck_sql.fingerprint(quote(name), list(cols))).fetchall()
+        finally:
+            duck.unregister(name)
+        count, digest = found[0]
         return count, int(digest)
 
     def load(
@@ -473,7 +555,7 @@ class PostgresBackend:
     ) -> pa.Table | pd.DataFrame:
         """The window's rows (the whole table without one), in partition order."""
         cols = self._columns(settings.schema, settings.table) or {}
-        types = _arrow_types(cols, settings)
+        types = _arrow_types(cols, _name(settings))
         pcol = settings.partition_expr
         spans = spans_for(window, types[pcol]) if window and pcol else []
         target = qualified(settings.schema, settings.table)
@@ -484,6 +566,20 @@ class PostgresBackend:
 
 def _target(scope: Scope) -> str:
     return qualified(scope.settings.schema, scope.settings.table)
+
+
+def _name(settings: WriteSettings) -> str:
+    return f"{settings.schema}.{settings.table}"
+
+
+#: Column types that store a value otherwise than the staged batch holds it: fractional
+#: seconds rounded to fewer digits, text padded to its length.
+_INEXACT = re.compile(r"(timestamp|time)\([0-5]\)|character\(")
+
+
+def _exact(cols: dict[str, str]) -> bool:
+    """Whether every column stores exactly the staged value (so the batch is the stored rows)."""
+    return not any(_INEXACT.match(kind) for kind in cols.values())
 
 
 def _arrow_type(cols: dict[str, str], name: str, table: str) -> pa.DataType:
@@ -498,21 +594,26 @@ def _arrow_type(cols: dict[str, str], name: str, table: str) -> pa.DataType:
     return found
 
 
-def _arrow_types(cols: dict[str, str], settings: WriteSettings) -> dict[str, pa.DataType]:
-    table = f"{settings.schema}.{settings.table}"
+def _arrow_types(cols: dict[str, str], table: str) -> dict[str, pa.DataType]:
     return {name: _arrow_type(cols, name, table) for name in cols}
 
 
-def _as_stored(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
-    """The fetched rows in the table's Arrow types, without the driver's field metadata."""
+def _as_stored(rows: T, types: dict[str, pa.DataType]) -> T:
+    """Fetched rows in the table's Arrow types, without the driver's field metadata."""
     columns = []
-    for name, column in zip(table.column_names, table.columns, strict=True):
+    for name, column in zip(rows.column_names, rows.columns, strict=True):
         if isinstance(column.type, pa.BaseExtensionType):
             # numeric arrives as its text; Arrow parses it into the declared decimal.
-            storage = [chunk.storage for chunk in column.chunks]
-            column = pa.chunked_array(storage, column.type.storage_type)
+            column = _storage(column)
         columns.append(column.cast(types[name]) if name in types else column)
-    return pa.Table.from_arrays(columns, names=table.column_names)
+    return type(rows).from_arrays(columns, names=rows.column_names)
+
+
+def _storage(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    if isinstance(column, pa.ChunkedArray):
+        storage = [chunk.storage for chunk in column.chunks]
+        return pa.chunked_array(storage, column.type.storage_type)
+    return column.storage
 
 
 def _database_failed(where: str) -> str:

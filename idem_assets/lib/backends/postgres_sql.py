@@ -84,6 +84,16 @@ def create_index(target: str, columns: Sequence[str]) -> str:
     return f"CREATE INDEX ON {target} ({', '.join(quoted_columns(columns))})"
 
 
+def create_key_ranges_index(target: str, columns: Sequence[str]) -> str:
+    """A BRIN index on ``columns``: each block range's least and greatest value.
+
+    Nearly free to keep up on insert, unlike a B-tree; ``autosummarize`` lets autovacuum
+    summarise the ranges new rows fill, so they too are skipped when their keys do not overlap.
+    """
+    cols = ", ".join(quoted_columns(columns))
+    return f"CREATE INDEX ON {target} USING brin ({cols}) WITH (autosummarize = on)"
+
+
 def count_window(
     target: str, partition_column: str | None, spans: Sequence[tuple[Bound, Bound]]
 ) -> Statement:
@@ -137,10 +147,12 @@ def _key_in(keys: str, key: Sequence[str], ranges: Sequence[tuple[Any, Any]]) ->
     return f"{narrow}{lhs} IN (SELECT {', '.join(kc)} FROM {keys})", params
 
 
-def delete_matching_keys(target: str, keys: str, key: Sequence[str]) -> str:
+def delete_matching_keys(
+    target: str, keys: str, key: Sequence[str], ranges: Sequence[tuple[Any, Any]]
+) -> Statement:
     """Delete target rows whose key ``keys`` holds (the upsert's update half)."""
-    cond = " AND ".join(f"t.{c} = k.{c}" for c in quoted_columns(key))
-    return f"DELETE FROM {target} t USING {keys} k WHERE {cond}"
+    hit, params = _key_in(keys, key, ranges)
+    return numbered((f"DELETE FROM {target} t WHERE {hit}", params))
 
 
 def merge_counts(
@@ -208,51 +220,41 @@ def keys_outside_window_sample(
     )
 
 
-def _row_hash(columns: Sequence[str]) -> str:
-    # The row's columns in name order, hashed to 64 bits by each type's extended hash function:
-    # the functions hash partitioning relies on, so they never change across servers, versions
-    # or session settings. Three times faster than hashing the row's text (PostgreSQL 14+).
-    cols = ", ".join(quoted_columns(sorted(columns)))
-    return f"hash_record_extended(ROW({cols}), 0)"
-
-
-def fingerprint(
+def select_rows(
     target: str,
     columns: Sequence[str],
-    partition_column: str | None = None,
-    spans: Sequence[tuple[Bound, Bound]] = (),
+    partition_column: str | None,
+    spans: Sequence[tuple[Bound, Bound]],
 ) -> Statement:
-    """An order-independent fingerprint: the row count and the sum of row hashes, as text.
-
-    A sum (not an XOR) so that a doubled row changes it; ``numeric``, so it never overflows.
-    """
+    """The window's rows (the whole table without one) in no particular order, to hash."""
     where, params = "", []
     if partition_column is not None and spans:
         pred, params = window_predicate(partition_column, spans)
         where = f" WHERE {pred}"
-    return numbered(
-        (
-            f"SELECT count(*), coalesce(sum({_row_hash(columns)}), 0)::text FROM {target}{where}",
-            params,
-        )
-    )
+    return numbered((f"SELECT {', '.join(quoted_columns(columns))} FROM {target}{where}", params))
 
 
-def partition_fingerprints(
+def rows_without_keys(
     target: str,
     columns: Sequence[str],
-    partition_column: str,
-    partitions: Sequence[tuple[str, Bound, Bound]],
+    keys: str,
+    key: Sequence[str],
+    partition_column: str | None,
+    spans: Sequence[tuple[Bound, Bound]],
 ) -> Statement:
-    """Per-partition count and hash sum in one scan: rows of ``(key, count, hash_sum)``."""
-    case, params = partition_case(partition_column, partitions)
-    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
+    """The window's rows whose key ``keys`` does not hold: those an upsert keeps."""
+    kc = quoted_columns(key)
+    cond = " AND ".join(f"k.{c} = t.{c}" for c in kc)
+    where, params = "", []
+    if partition_column is not None and spans:
+        pred, params = window_predicate(partition_column, spans, alias="t")
+        where = f"{pred} AND "
+    cols = ", ".join(f"t.{c}" for c in quoted_columns(columns))
     return numbered(
         (
-            f"SELECT {case} AS partition_key, count(*),"
-            f" coalesce(sum({_row_hash(columns)}), 0)::text FROM {target} WHERE {pred}"
-            " GROUP BY 1",
-            params + where_params,
+            f"SELECT {cols} FROM {target} t WHERE {where}"
+            f"NOT EXISTS (SELECT 1 FROM {keys} k WHERE {cond})",
+            params,
         )
     )
 
