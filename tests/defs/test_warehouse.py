@@ -23,9 +23,64 @@ from idem_assets.defs.warehouse import (
 from idem_assets.lib.backends.postgres import PostgresLocation
 from tests.helpers import readme_bash
 
-from . import REPO, ROWS, VENV_BIN, MakePipeline, check_evaluations, days, materialized
+from . import (
+    REPO,
+    ROWS,
+    VENV_BIN,
+    MakePipeline,
+    Pipeline,
+    check_evaluations,
+    days,
+    materialized,
+)
 
 DAYS = days("2026-01-01", "2026-01-03")
+
+
+def run_the_chain_and_check_it(pipeline: Pipeline, overwrite: ia.IdempotentIOManager) -> None:
+    """Day 1, then days 2-3 in one run, then day 2 again: checks pass, exact counts and totals."""
+    pipeline.run_ok(DAYS[0])
+    result = pipeline.run_ok(DAYS[1], DAYS[2])
+    pipeline.run_ok(DAYS[1])
+
+    assert materialized(result)["revenue_running_total"] == DAYS[1:]
+    verdicts = check_evaluations(result)
+    assert verdicts[("raw_trips", RECONCILE_CHECK)].passed
+    assert verdicts[("revenue_running_total", TOTALS_CHECK)].passed
+    # Nothing went to a DuckDB file.
+    assert not pipeline.database.exists()
+    counts = counts_per_day(overwrite.read_asset(raw_trips), "pickup_at")
+    assert counts == dict.fromkeys(DAYS, ROWS)
+    revenue = revenue_per_day(overwrite.read_asset(daily_zone_revenue))
+    totals = stored_totals(overwrite.read_asset(revenue_running_total))
+    assert totals == {
+        DAYS[0]: revenue[DAYS[0]],
+        DAYS[1]: revenue[DAYS[0]] + revenue[DAYS[1]],
+        DAYS[2]: sum(revenue.values()),
+    }
+
+
+def run_readme_switch(
+    heading: str, tmp_path: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """The one command under ``heading``, run as printed on a fresh instance with ``env`` set."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    full = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "VIRTUAL_ENV": str(VENV_BIN.parent),
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        **env,
+    }
+    full.pop(WAREHOUSE_ENV, None)
+    (command,) = readme_bash(heading)
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=full, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
 @pytest.fixture
@@ -47,24 +102,7 @@ def test_the_chain_runs_on_postgres_by_one_setting(make_pipeline: MakePipeline) 
     assert isinstance(overwrite, ia.PostgresOverwriteIOManager)
     assert isinstance(pipeline.defs.resources["merge_io_manager"], ia.PostgresMergeIOManager)
 
-    pipeline.run_ok(DAYS[0])
-    result = pipeline.run_ok(DAYS[1], DAYS[2])
-
-    assert materialized(result)["revenue_running_total"] == DAYS[1:]
-    verdicts = check_evaluations(result)
-    assert verdicts[("raw_trips", RECONCILE_CHECK)].passed
-    assert verdicts[("revenue_running_total", TOTALS_CHECK)].passed
-    # Nothing went to a DuckDB file.
-    assert not pipeline.database.exists()
-    counts = counts_per_day(overwrite.read_asset(raw_trips), "pickup_at")
-    assert counts == dict.fromkeys(DAYS, ROWS)
-    revenue = revenue_per_day(overwrite.read_asset(daily_zone_revenue))
-    totals = stored_totals(overwrite.read_asset(revenue_running_total))
-    assert totals == {
-        DAYS[0]: revenue[DAYS[0]],
-        DAYS[1]: revenue[DAYS[0]] + revenue[DAYS[1]],
-        DAYS[2]: sum(revenue.values()),
-    }
+    run_the_chain_and_check_it(pipeline, overwrite)
 
 
 def test_the_chain_runs_on_delta_lake_by_one_setting(
@@ -81,30 +119,13 @@ def test_the_chain_runs_on_delta_lake_by_one_setting(
     assert isinstance(pipeline.defs.resources["merge_io_manager"], ia.DeltaMergeIOManager)
     assert warehouse_slots() == 3
 
-    pipeline.run_ok(DAYS[0])
-    result = pipeline.run_ok(DAYS[1], DAYS[2])
-    pipeline.run_ok(DAYS[1])
-
-    assert materialized(result)["revenue_running_total"] == DAYS[1:]
-    verdicts = check_evaluations(result)
-    assert verdicts[("raw_trips", RECONCILE_CHECK)].passed
-    assert verdicts[("revenue_running_total", TOTALS_CHECK)].passed
-    assert not pipeline.database.exists()
+    run_the_chain_and_check_it(pipeline, overwrite)
     assert sorted(p.name for p in (lake / "main").iterdir()) == [
         "daily_zone_revenue",
         "raw_trips",
         "revenue_running_total",
         "trips",
     ]
-    counts = counts_per_day(overwrite.read_asset(raw_trips), "pickup_at")
-    assert counts == dict.fromkeys(DAYS, ROWS)
-    revenue = revenue_per_day(overwrite.read_asset(daily_zone_revenue))
-    totals = stored_totals(overwrite.read_asset(revenue_running_total))
-    assert totals == {
-        DAYS[0]: revenue[DAYS[0]],
-        DAYS[1]: revenue[DAYS[0]] + revenue[DAYS[1]],
-        DAYS[2]: sum(revenue.values()),
-    }
 
 
 def test_the_readme_switch_runs_as_printed(
@@ -112,28 +133,16 @@ def test_the_readme_switch_runs_as_printed(
 ) -> None:
     pipeline = make_pipeline()
     pipeline.generate(DAYS[0])
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "VIRTUAL_ENV": str(VENV_BIN.parent),
-        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    login = {
         "IDEM_PG_HOST": postgres_location.host,
         "IDEM_PG_PORT": str(postgres_location.port),
         "IDEM_PG_USER": postgres_location.user,
         "IDEM_PG_DB": postgres_location.database,
         "IDEM_PG_PASSWORD": str(postgres_location.password),
     }
-    env.pop(WAREHOUSE_ENV, None)
-    (command,) = readme_bash("### The warehouse on PostgreSQL, by one setting")
 
-    done = subprocess.run(
-        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+    done = run_readme_switch("### The warehouse on PostgreSQL, by one setting", tmp_path, login)
 
-    assert done.returncode == 0, done.stdout + done.stderr
     assert str(postgres_location.password) not in done.stdout + done.stderr
     assert not pipeline.database.exists()
     reader = ia.PostgresOverwriteIOManager(
@@ -156,25 +165,12 @@ def test_the_readme_delta_switch_runs_as_printed(
 ) -> None:
     pipeline = make_pipeline()
     pipeline.generate(DAYS[0])
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     lake = tmp_path / "lake"
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "VIRTUAL_ENV": str(VENV_BIN.parent),
-        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        DELTA_ROOT: str(lake),
-    }
-    env.pop(WAREHOUSE_ENV, None)
-    (command,) = readme_bash("### The warehouse on Delta Lake, by one setting")
 
-    done = subprocess.run(
-        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    run_readme_switch(
+        "### The warehouse on Delta Lake, by one setting", tmp_path, {DELTA_ROOT: str(lake)}
     )
 
-    assert done.returncode == 0, done.stdout + done.stderr
     assert not pipeline.database.exists()
     reader = ia.DeltaOverwriteIOManager(root=str(lake))
     assert counts_per_day(reader.read_asset(raw_trips), "pickup_at") == {DAYS[0]: ROWS}
