@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 import idem_assets as ia
 from benchmarks import data
-from benchmarks.harness import Case, Line, Scale, interleave, line_from_times
+from benchmarks.harness import Case, Line, Samples, Scale, interleave, line_from_times
 
 #: (partitions in the table, rows per partition, rounds) per scale; the batch is one partition.
 SIZES: dict[Scale, tuple[int, int, int]] = {
@@ -140,12 +140,37 @@ def run(scale: Scale, repeat: int | None, workdir: Path) -> list[Line]:
     finally:
         for conn in conns.values():
             conn.close()
-    table_rows = partitions * rows
+    return merge_lines(
+        "3 merge",
+        batch,
+        counts,
+        partitions * rows,
+        times,
+        names,
+        equal,
+        lambda raw, ln: (
+            f"ours {batch.num_rows / ln.a_median:,.0f} rows/s,"
+            f" {raw} {batch.num_rows / ln.b_median:,.0f} rows/s"
+        ),
+    )
+
+
+def merge_lines(
+    bench: str,
+    batch: pa.Table,
+    counts: dict[str, int],
+    table_rows: int,
+    times: dict[str, Samples],
+    names: list[str],
+    equal: bool,
+    sides: Callable[[str, Line], str],
+) -> list[Line]:
+    """Our merge (``names[0]``) against each raw merge; the target holds for the fastest one."""
     fastest = min(names[1:], key=lambda n: statistics.median(times[n].wall))
     lines = []
     for raw in names[1:]:
         ln = line_from_times(
-            "3 merge",
+            bench,
             f"{batch.num_rows:,} into {table_rows / 1e6:g}M",
             times,
             names[0],
@@ -156,8 +181,7 @@ def run(scale: Scale, repeat: int | None, workdir: Path) -> list[Line]:
         ln.notes.append(
             f"batch {batch.num_rows:,} rows ({counts['updates']:,} updates, {counts['new']:,} new,"
             f" {counts['duplicates']:,} losing duplicates; {counts['stale']:,} stale window rows"
-            f" deleted) into {table_rows:,}; ours {batch.num_rows / ln.a_median:,.0f} rows/s,"
-            f" {raw} {batch.num_rows / ln.b_median:,.0f} rows/s"
+            f" deleted) into {table_rows:,}; {sides(raw, ln)}"
             + ("; target applies to the fastest raw SQL" if raw == fastest else "")
         )
         lines.append(ln)

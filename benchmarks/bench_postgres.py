@@ -5,7 +5,6 @@ sides never share a table. Raw SQL runs over the same ADBC driver: the fastest w
 put an Arrow table into PostgreSQL, binary COPY.
 """
 
-import statistics
 from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import datetime
@@ -17,7 +16,7 @@ import sqlalchemy as sa
 
 import idem_assets as ia
 from benchmarks import data
-from benchmarks.bench_merge import merge_batch
+from benchmarks.bench_merge import merge_batch, merge_lines
 from benchmarks.harness import Case, Line, Scale, interleave, line_from_times
 from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
 from tests.postgres_server import PostgresServer
@@ -286,26 +285,17 @@ def _merge(server: PostgresServer, partitions: int, rows: int, rounds: int) -> l
     finally:
         for side in sides.values():
             side.close()
-    fastest = min(names[1:], key=lambda n: statistics.median(times[n].wall))
-    table_rows = partitions * rows
-    lines = []
-    for raw in names[1:]:
-        ln = line_from_times(
-            "8 postgres merge",
-            f"{batch.num_rows:,} into {table_rows / 1e6:g}M",
-            times,
-            names[0],
-            raw,
-            target=("<=", 1.3) if raw == fastest else None,
-            equal=equal,
-        )
-        ln.notes.append(
-            f"batch {batch.num_rows:,} rows ({counts['updates']:,} updates, {counts['new']:,} new,"
-            f" {counts['duplicates']:,} losing duplicates; {counts['stale']:,} stale window rows"
-            f" deleted) into {table_rows:,}; every side's table has the indexes the publish"
-            f" creates (a B-tree on {data.PARTITION_COLUMN}, a BRIN on {KEYS}), the ON CONFLICT"
-            f" side also a unique one on {KEYS}"
-            + ("; target applies to the fastest raw SQL" if raw == fastest else "")
-        )
-        lines.append(ln)
-    return lines
+    return merge_lines(
+        "8 postgres merge",
+        batch,
+        counts,
+        partitions * rows,
+        times,
+        names,
+        equal,
+        lambda raw, ln: (
+            f"every side's table has the indexes the publish creates (a B-tree on"
+            f" {data.PARTITION_COLUMN}, a BRIN on {KEYS}), the ON CONFLICT side also a unique"
+            f" one on {KEYS}"
+        ),
+    )
