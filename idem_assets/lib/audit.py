@@ -335,6 +335,17 @@ def audited_asset(
         prefix = [prefix] if isinstance(prefix, str) else list(prefix)
         asset_key = dg.AssetKey.from_coercible(asset_kwargs.get("key") or [*prefix, name])
         metadata = dict(asset_kwargs.get("metadata") or {})
+        partitions_def = asset_kwargs.get("partitions_def")
+        if partitions_def is not None and not isinstance(
+            partitions_def, dg.TimeWindowPartitionsDefinition
+        ):
+            raise ConfigurationError(
+                f"@audited_asset {asset_key.to_user_string()}: the audit judges each day of a"
+                f" time-partitioned asset, and this one uses {type(partitions_def).__name__}."
+                " Fix: define it with @dg.asset and the idem_assets IO managers (their guards"
+                " still refuse stray rows, duplicate keys and emptied partitions before"
+                " anything changes), with checks as @dg.asset_check; or partition it by time."
+            )
         partition_expr = partition_column(metadata.get(PARTITION_EXPR), asset_key.to_user_string())
         all_checks = list(checks)
         if partition_expr and asset_kwargs.get("partitions_def") is not None:

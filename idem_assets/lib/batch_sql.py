@@ -11,6 +11,7 @@ from datetime import date, datetime
 from typing import Any
 
 from idem_assets.lib.identifiers import quote, validate_identifier
+from idem_assets.lib.windows import Box, Cell, Region
 
 Bound = datetime | date
 Statement = tuple[str, list[Any]]
@@ -38,6 +39,33 @@ def span_predicate(expression: str, spans: Sequence[tuple[Bound, Bound]]) -> Sta
     return "(" + " OR ".join(parts) + ")", params
 
 
+def region_predicate(region: Region, alias: str | None = None) -> Statement:
+    """Rows in any box of ``region``: ``(time spans AND category IN (...)) OR ...``."""
+    parts, params = [], []
+    for box in region:
+        pred, box_params = box_predicate(box, alias)
+        parts.append(pred)
+        params += box_params
+    return (parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"), params
+
+
+def box_predicate(box: Box, alias: str | None = None) -> Statement:
+    """Rows meeting every condition of ``box``."""
+    parts, params = [], []
+    for cond in box:
+        c = quote(validate_identifier(cond.column, "partition column"))
+        if alias:
+            c = f"{alias}.{c}"
+        if cond.spans:
+            pred, span_params = span_predicate(c, cond.spans)
+            parts.append(pred)
+            params += span_params
+        else:
+            parts.append(f"({c} IN ({', '.join('?' for _ in cond.values)}))")
+            params += list(cond.values)
+    return (parts[0] if len(parts) == 1 else "(" + " AND ".join(parts) + ")"), params
+
+
 def dedupe(source: str, key: Sequence[str], order_by: Sequence[str], columns: Sequence[str]) -> str:
     """Keep one row per key: the greatest ``order_by`` wins.
 
@@ -57,8 +85,8 @@ def dedupe(source: str, key: Sequence[str], order_by: Sequence[str], columns: Se
 
 def batch_profile(
     source: str,
-    partition_column: str | None,
-    spans: Sequence[tuple[Bound, Bound]],
+    partition_columns: Sequence[str],
+    region: Region,
     key: Sequence[str],
     count_duplicates: bool = True,
 ) -> Statement:
@@ -67,12 +95,12 @@ def batch_profile(
     Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
     """
     params: list[Any] = []
-    if partition_column:
-        p = quote(validate_identifier(partition_column, "partition column"))
-        null_partition = f"count(*) FILTER (WHERE {p} IS NULL)"
-        if spans:
-            pred, params = window_predicate(partition_column, spans)
-            outside = f"count(*) FILTER (WHERE {p} IS NOT NULL AND NOT {pred})"
+    if partition_columns:
+        nulls = " OR ".join(f"{c} IS NULL" for c in quoted_columns(partition_columns))
+        null_partition = f"count(*) FILTER (WHERE {nulls})"
+        if region:
+            pred, params = region_predicate(region)
+            outside = f"count(*) FILTER (WHERE NOT ({nulls}) AND NOT {pred})"
         else:
             outside = "0"
     else:
@@ -90,14 +118,15 @@ def batch_profile(
 
 
 def stray_rows_sample(
-    source: str, partition_column: str, spans: Sequence[tuple[Bound, Bound]], limit: int = 5
+    source: str, partition_columns: Sequence[str], region: Region, limit: int = 5
 ) -> Statement:
-    """A few rows dated outside the window, earliest first."""
-    pred, params = window_predicate(partition_column, spans)
-    p = quote(partition_column)
+    """A few rows outside the window (a NULL partition value is not stray), in column order."""
+    pred, params = region_predicate(region)
+    pcs = quoted_columns(partition_columns)
+    not_null = " AND ".join(f"{c} IS NOT NULL" for c in pcs)
     return (
-        f"SELECT * FROM {source} WHERE {p} IS NOT NULL AND NOT {pred}"
-        f" ORDER BY {p} LIMIT {int(limit)}",
+        f"SELECT * FROM {source} WHERE {not_null} AND NOT {pred}"
+        f" ORDER BY {', '.join(pcs)} LIMIT {int(limit)}",
         params,
     )
 
@@ -120,22 +149,20 @@ def duplicate_key_sample(source: str, key: Sequence[str], limit: int = 5) -> str
     )
 
 
-def partition_case(
-    partition_column: str, partitions: Sequence[tuple[str, Bound, Bound]]
-) -> Statement:
+def partition_case(cells: Sequence[Cell], alias: str | None = None) -> Statement:
     """A CASE naming the partition each row falls in (NULL outside them all)."""
-    p = quote(validate_identifier(partition_column, "partition column"))
-    case = " ".join(f"WHEN {p} >= ? AND {p} < ? THEN ?" for _ in partitions)
-    params: list[Any] = [v for key, start, end in partitions for v in (start, end, key)]
-    return f"CASE {case} END", params
+    case, params = [], []
+    for key, box in cells:
+        pred, box_params = box_predicate(box, alias)
+        case.append(f"WHEN {pred} THEN ?")
+        params += [*box_params, key]
+    return f"CASE {' '.join(case)} END", params
 
 
-def count_by_partition(
-    relation: str, partition_column: str, partitions: Sequence[tuple[str, Bound, Bound]]
-) -> Statement:
+def count_by_partition(relation: str, cells: Sequence[Cell]) -> Statement:
     """Rows of ``relation`` in each partition: rows of ``(key, count)``, empty ones absent."""
-    case, params = partition_case(partition_column, partitions)
-    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
+    case, params = partition_case(cells)
+    pred, where_params = region_predicate(tuple(box for _, box in cells))
     return (
         f"SELECT {case} AS partition_key, count(*) FROM {relation} WHERE {pred}"
         " GROUP BY partition_key",

@@ -17,7 +17,7 @@ import duckdb
 from idem_assets.lib import batch_sql
 from idem_assets.lib.identifiers import quote, validate_identifier
 from idem_assets.lib.samples import sample_records
-from idem_assets.lib.windows import PartitionWindow, WriteWindow, spans_for
+from idem_assets.lib.windows import PartitionWindow, WriteWindow, as_pairs, region_for
 
 #: Expected rows for a partition key (e.g. read from the file's manifest).
 ExpectedRows = int | Mapping[str, int] | Callable[[str], int]
@@ -246,8 +246,10 @@ class InWindow(Check):
             .schema.field(scope.partition_expr)
             .type
         )
-        spans = spans_for(scope.window, column_type)
-        q, p = batch_sql.stray_rows_sample(scope.relation, scope.partition_expr, spans)
+        region = region_for(
+            scope.window, as_pairs(scope.partition_expr), {scope.partition_expr: column_type}
+        )
+        q, p = batch_sql.stray_rows_sample(scope.relation, [scope.partition_expr], region)
         return sample_records(scope.con, q, p)
 
 

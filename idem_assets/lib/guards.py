@@ -41,7 +41,7 @@ def profile(conn: duckdb.DuckDBPyConnection, scope: Scope) -> BatchProfile:
     # INSERT itself, so the costly distinct count runs only where it can refuse the batch.
     count_duplicates = settings.mode == "merge" and not settings.dedupe_order_by
     q, p = batch_sql.batch_profile(
-        scope.staged.relation, scope.pcol, scope.spans, scope.key, count_duplicates
+        scope.staged.relation, scope.pcols, scope.region, scope.key, count_duplicates
     )
     found = conn.execute(q, p).fetchall()
     return BatchProfile(*(found[0] if found else (0,) * 5))
@@ -53,25 +53,24 @@ def refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: Scope, found: Bat
     Stray rows that only the stored precision moves out of the window are the backend's to
     explain (:meth:`Backend.refuse_rounded_out`); call it before this one when ``outside``.
     """
-    source, pcol, key, where = scope.staged.relation, scope.pcol, scope.key, scope.where
+    source, pcols, key, where = scope.staged.relation, scope.pcols, scope.key, scope.where
     rows = found.rows
+    named = ", ".join(f"'{c}'" for c in pcols)
     if found.null_partition:
         raise NullValueError(
             f"Refused to write {where}: {found.null_partition} of {rows} rows have NULL in"
-            f" partition column '{pcol}', so they belong to no partition. Nothing was changed."
-            " Fix: drop or date those rows before returning the batch. Sample:\n"
-            + sample(conn, batch_sql.null_sample(source, [str(pcol)]))
+            f" partition column {named}, so they belong to no partition. Nothing was changed."
+            " Fix: drop or date those rows (give them their partition's value) before returning"
+            " the batch. Sample:\n" + sample(conn, batch_sql.null_sample(source, list(pcols)))
         )
-    if found.outside and pcol and scope.window:
-        window = scope.window
-        q, p = batch_sql.stray_rows_sample(source, pcol, scope.spans)
+    if found.outside and pcols and scope.window:
+        q, p = batch_sql.stray_rows_sample(source, pcols, scope.region)
         raise StrayRowsError(
-            f"Refused to write {where}: {found.outside} of {rows} rows have '{pcol}' outside the"
-            f" window [{window.start}, {window.end}). Writing them"
+            f"Refused to write {where}: {found.outside} of {rows} rows have {named} outside the"
+            f" window {describe_region(scope)}. Writing them"
             " would put rows into another partition (or, for a partition overwrite, wipe it)."
-            " Nothing was changed. Fix: filter the batch to the run's window"
-            " (context.partition_time_window), or route those rows to their own partition's"
-            " run. Sample:\n" + sample(conn, q, p)
+            f" Nothing was changed. Fix: filter the batch to the run's window ({_filter(scope)}),"
+            " or route those rows to their own partition's run. Sample:\n" + sample(conn, q, p)
         )
     if found.null_key:
         raise NullValueError(
@@ -100,12 +99,12 @@ def refuse_erasing(
     total = sum(existing.values())
     if not total or not erases or settings.allow_empty:
         return
-    if scope.bounds and scope.pcol:
+    if scope.cells:
         batch_by_part: dict[str, int] = {}
         if rows:
-            q, p = batch_sql.count_by_partition(scope.staged.relation, scope.pcol, scope.bounds)
+            q, p = batch_sql.count_by_partition(scope.staged.relation, scope.cells)
             batch_by_part = dict(conn.execute(q, p).fetchall())
-        emptied = [k for k, _, _ in scope.bounds if existing.get(k) and not batch_by_part.get(k)]
+        emptied = [k for k, _ in scope.cells if existing.get(k) and not batch_by_part.get(k)]
         if emptied:
             raise EmptyBatchError(
                 f"Refused to write {scope.where}: the batch has no rows for partition(s)"
@@ -125,13 +124,42 @@ def refuse_erasing(
 
 def refuse_keys_elsewhere(scope: Scope, outside_keys: int, existing_sample: str) -> None:
     """Refuse a merge whose batch holds keys that live in partitions this run does not own."""
-    if not outside_keys or not scope.pcol:
+    if not outside_keys or not scope.pcols:
         return
     raise KeyOutsideWindowError(
         f"Refused to write {scope.where}: {outside_keys} key(s) of the batch already exist"
         " in other partitions; merging would move those rows out of partitions this run"
         " does not own. Nothing was changed. Fix: rerun the partition that holds them"
         " first so they leave it, or correct the key. Existing rows:\n" + existing_sample
+    )
+
+
+def describe_region(scope: Scope) -> str:
+    """The window in the partition columns' terms: ``[start, end)`` and each column's values."""
+    window = scope.window
+    if window is None:
+        return "(none)"
+    if not window.categories():
+        return f"[{window.start}, {window.end})"
+    parts = []
+    if window.timed and scope.time_column:
+        parts.append(f"'{scope.time_column}' in [{window.start}, {window.end})")
+    by_dim = dict(scope.settings.partition_columns)
+    for dim, values in window.categories().items():
+        parts.append(f"'{by_dim[dim]}' in {values}")
+    return " and ".join(parts)
+
+
+def _filter(scope: Scope) -> str:
+    """Where the asset finds its window: Dagster's context, per partition kind."""
+    window = scope.window
+    if window is None or not window.categories():
+        return "context.partition_time_window"
+    if window.time_dimension is None and len(window.categories()) == 1:
+        return "context.partition_keys"
+    return (
+        "context.partition_key.keys_by_dimension, or context.partition_keys for a range,"
+        " with context.partition_time_window for the time dimension"
     )
 
 

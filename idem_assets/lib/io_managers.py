@@ -7,7 +7,6 @@ IO managers only say how to open its backend.
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime
 from typing import Any, ClassVar
 
 import dagster as dg
@@ -67,7 +66,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             metadata=metadata,
             mode=self.mode,
             default_schema=self.schema_,
-            partitioned=context.has_asset_partitions,
+            partitions_def=context.asset_partitions_def if context.has_asset_partitions else None,
         )
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
@@ -116,8 +115,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
                     " run reads), then rerun."
                 )
-            pcol = settings.partition_expr
-            if window and pcol and not maps_to_nothing:
+            if window and settings.partition_columns and not maps_to_nothing:
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
@@ -139,7 +137,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             metadata=assets_def.metadata_by_key[key],
             mode=self.mode,
             default_schema=self.schema_,
-            partitioned=partitions_def is not None,
+            partitions_def=partitions_def,
         )
         window = None
         if keys and partitions_def is not None:
@@ -179,7 +177,10 @@ def _never_materialized(
         if p.key in recorded or p.key in this_run:
             continue
         found = backend.fingerprint_table(
-            settings.schema, settings.table, settings.partition_expr, WriteWindow((p,))
+            settings.schema,
+            settings.table,
+            settings.partition_columns,
+            WriteWindow((p,), window.time_dimension),
         )
         if not found or found[0] == 0:
             missing.append(p.key)
@@ -208,8 +209,12 @@ def _missing_message(context: dg.InputContext, upstream: str, missing: list[str]
     )
 
 
-def _window_text(start: datetime, end: datetime) -> str:
-    return f"[{start.isoformat()}, {end.isoformat()})"
+def _window_text(window: WriteWindow) -> str:
+    """``[start, end)`` of the time dimension, then each category dimension's values."""
+    parts = [f"[{window.start.isoformat()}, {window.end.isoformat()})"] if window.timed else []
+    for dim, values in window.categories().items():
+        parts.append((f"{dim}=" if dim else "") + ",".join(values))
+    return " ".join(parts)
 
 
 def publish_metadata(
@@ -233,7 +238,7 @@ def publish_metadata(
     }
     if window is not None:
         totals["partitions_written"] = len(result.partitions)
-        totals["window"] = _window_text(window.start, window.end)
+        totals["window"] = _window_text(window)
     if not result.per_partition:
         return {**md, **totals}
     totals["row_count"] = totals.pop("dagster/row_count")
@@ -249,7 +254,7 @@ def partition_metadata(part: PartitionResult, window: PartitionWindow) -> dict[s
         "rows_deleted": part.deleted,
         "fingerprint": part.fingerprint,
         "partitions_written": 1,
-        "window": _window_text(window.start, window.end),
+        "window": _window_text(WriteWindow((window,))),
     }
 
 

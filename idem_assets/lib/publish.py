@@ -23,6 +23,7 @@ from idem_assets.lib.backends.protocol import (
     CommitConflict,
     Counts,
     HandsOver,
+    PartitionColumns,
     Scope,
     Target,
 )
@@ -30,7 +31,14 @@ from idem_assets.lib.errors import ConcurrentWriteError
 from idem_assets.lib.runtime_values import check_runtime_values
 from idem_assets.lib.schema_fit import refuse_repeated_names
 from idem_assets.lib.settings import WriteSettings
-from idem_assets.lib.windows import PartitionWindow, WriteWindow, partition_bounds, spans_for
+from idem_assets.lib.windows import (
+    Cell,
+    PartitionWindow,
+    Region,
+    WriteWindow,
+    cells_for,
+    region_for,
+)
 
 #: The stages a publish passes, in order; ``on_stage`` is called at each.
 PUBLISH_STAGES = ("guards_passed", "deleted", "inserted", "before_commit")
@@ -170,7 +178,7 @@ def _publish_in_transaction(
     existing = backend.count_window(scope)
     guards.refuse_erasing(evaluator, scope, found.rows, existing)
     matched, elsewhere = backend.count_keys(scope)
-    if elsewhere and scope.pcol:
+    if elsewhere and scope.pcols:
         guards.refuse_keys_elsewhere(scope, elsewhere, backend.keys_elsewhere_sample(scope))
 
     on_stage("guards_passed")
@@ -199,20 +207,24 @@ def _scope(
 ) -> Scope:
     """Stage the batch and work out the window's bounds in the stored partition column's type."""
     staged = backend.stage(batch, settings, where)
-    pcol = staged.settings.partition_expr if window else None
-    ptype = staged.partition_type
-    spans = spans_for(window, ptype) if window and pcol and ptype else []
-    ranged = window is not None and len(window.partitions) > 1
-    bounds = partition_bounds(window, ptype) if ranged and pcol and ptype and window else []
+    spelt = staged.settings
+    pcols: tuple[str, ...] = ()
+    region: Region = ()
+    cells: list[Cell] = []
+    if window is not None and spelt.partition_columns:
+        types = staged.partition_types
+        pcols = spelt.partition_names
+        region = region_for(window, spelt.partition_columns, types)
+        cells = cells_for(window, spelt.partition_columns, types)
     return Scope(
-        settings=staged.settings,
+        settings=spelt,
         window=window,
         where=where,
         staged=staged,
         table_exists=target.exists,
-        pcol=pcol,
-        spans=spans,
-        bounds=bounds,
+        pcols=pcols,
+        region=region,
+        cells=cells,
     )
 
 
@@ -228,7 +240,7 @@ def _result(
     """Fingerprint what the window holds now, per partition for a range."""
     found = backend.fingerprints(scope)
     per_partition: dict[str, PartitionResult] = {}
-    if scope.bounds and scope.window:
+    if scope.cells and scope.window:
         per_partition = {
             part.key: _partition_result(
                 scope.settings, found.get(part.key, (0, 0)), existing, matched, part
@@ -276,9 +288,12 @@ def table_fingerprint(
     store: duckdb.DuckDBPyConnection | Backend,
     schema: str,
     table: str,
-    partition_column: str | None = None,
+    partition_columns: PartitionColumns = None,
     window: WriteWindow | None = None,
 ) -> str | None:
-    """Fingerprint a table (or one window of it); ``None`` when the table does not exist."""
-    found = as_backend(store).fingerprint_table(schema, table, partition_column, window)
+    """Fingerprint a table (or one window of it); ``None`` when the table does not exist.
+
+    ``partition_columns`` is the asset's ``partition_expr``: a column, or a dict per dimension.
+    """
+    found = as_backend(store).fingerprint_table(schema, table, partition_columns, window)
     return None if found is None else digest(*found)

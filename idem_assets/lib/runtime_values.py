@@ -59,7 +59,12 @@ def check_runtime_values(
     """Raise :class:`RuntimeValueError` when a column of ``batch`` holds run-time values."""
     allowed = set(settings.allow_runtime_columns)
     where = f"asset '{settings.asset}'" + (f", partition {window.describe()}" if window else "")
-    window_ended = window is None or window.end.astimezone(UTC) <= now - RUNTIME_STAMP_TOLERANCE
+    # Without a time dimension nothing dates the data, as for an unpartitioned asset.
+    window_ended = (
+        window is None
+        or not window.timed
+        or window.end.astimezone(UTC) <= now - RUNTIME_STAMP_TOLERANCE
+    )
     for name, column in zip(batch.column_names, batch.columns, strict=True):
         if name in allowed:
             continue
@@ -96,7 +101,7 @@ def _zones(window: WriteWindow | None) -> list[tzinfo]:
     local = datetime.now().astimezone().tzinfo
     if local is not None:
         zones.append(local)
-    if window is not None and window.end.tzinfo is not None:
+    if window is not None and window.timed and window.end.tzinfo is not None:
         zones.append(window.end.tzinfo)
     return zones
 

@@ -278,7 +278,7 @@ def _refuse_unusable(
     for c in batch_cols:
         validate_identifier(c, f"Refused to write {where}: batch column")
     by_name = {c.lower(): c for c in batch_cols}
-    needed = [settings.partition_expr] if settings.partition_expr else []
+    needed = list(settings.partition_names)
     needed += list(settings.primary_key) + list(settings.dedupe_order_by)
     absent = [c for c in dict.fromkeys(needed) if c.lower() not in by_name]
     if absent:
@@ -287,14 +287,27 @@ def _refuse_unusable(
             f" metadata names (partition_expr/primary_key/dedupe_order_by). Batch columns:"
             f" {list(batch_cols)}. Fix: add the column(s) to the batch, or correct the metadata."
         )
-    if settings.partition_expr:
-        ptype = batch_cols[by_name[settings.partition_expr.lower()]]
+    time = settings.time_column
+    if time:
+        ptype = batch_cols[by_name[time.lower()]]
         if not pa.types.is_date(ptype) and not pa.types.is_timestamp(ptype):
             raise SchemaMismatchError(
-                f"Refused to write {where}: partition column '{settings.partition_expr}' is"
+                f"Refused to write {where}: partition column '{time}' is"
                 f" {dialect.type_sql(ptype)}, not DATE or TIMESTAMP, so window bounds would"
-                f" compare as text. Fix: convert it, e.g. df['{settings.partition_expr}'] ="
-                f" pd.to_datetime(df['{settings.partition_expr}'])."
+                f" compare as text. Fix: convert it, e.g. df['{time}'] ="
+                f" pd.to_datetime(df['{time}'])."
+            )
+    for column in settings.partition_names:
+        ctype = batch_cols[by_name[column.lower()]]
+        if column == time or pa.types.is_string(ctype) or pa.types.is_large_string(ctype):
+            continue
+        if not pa.types.is_integer(ctype):
+            raise SchemaMismatchError(
+                f"Refused to write {where}: partition column '{column}' holds a static or"
+                f" dynamic dimension's values but is {dialect.type_sql(ctype)}; a"
+                " partition key is text, so it would match its rows only by a lossy cast."
+                f" Nothing was changed. Fix: store the values as text, e.g. df['{column}'] ="
+                f" df['{column}'].astype(str) (an integer column works for integer keys)."
             )
 
 

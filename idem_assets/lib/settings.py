@@ -6,7 +6,7 @@ the key and the exact ``metadata={...}`` that fixes it.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import dagster as dg
@@ -47,13 +47,23 @@ class WriteSettings:
     mode: WriteMode
     schema: str
     table: str
-    partition_expr: str | None
+    #: ``(dimension, column)`` for each partition dimension: ``""`` names the one dimension of a
+    #: time-window, static or dynamic definition; a multi definition names its own.
+    partition_columns: tuple[tuple[str, str], ...]
+    #: The time dimension's column (DATE or TIMESTAMP), ``None`` when there is none.
+    time_column: str | None
     primary_key: tuple[str, ...]
     dedupe_order_by: tuple[str, ...]
     delete_missing: bool
     allow_empty: bool
     allow_runtime_columns: tuple[str, ...]
     schema_evolution: SchemaEvolution = "strict"
+
+    @property
+    def partition_names(self) -> tuple[str, ...]:
+        """The partition columns, time first."""
+        rest = [c for _, c in self.partition_columns if c != self.time_column]
+        return tuple(([self.time_column] if self.time_column else []) + rest)
 
     @property
     def adds_columns(self) -> bool:
@@ -64,6 +74,16 @@ class WriteSettings:
     def widens_types(self) -> bool:
         """Whether a publish widens a column whose type cannot hold the batch's values."""
         return self.schema_evolution in ("widen_types", "add_columns_and_widen_types")
+
+
+def spelt_partitions(settings: WriteSettings, stored: Mapping[str, str]) -> WriteSettings:
+    """``settings`` with each partition column spelt as stored (``stored``: lower-case → name)."""
+    time = settings.time_column
+    return replace(
+        settings,
+        partition_columns=tuple((d, stored[c.lower()]) for d, c in settings.partition_columns),
+        time_column=stored[time.lower()] if time else None,
+    )
 
 
 def _raw(value: Any) -> Any:
@@ -115,24 +135,72 @@ def schema_evolution(value: Any, asset: str) -> SchemaEvolution:
 
 
 def partition_column(value: Any, asset: str) -> str | None:
-    """The ``partition_expr`` metadata as a validated column name (``None`` when absent)."""
+    """A one-dimensional ``partition_expr`` as a validated column name (``None`` when absent)."""
     value = _raw(value)
+    if value is None:
+        return None
     if isinstance(value, Mapping):
         example = next(iter(value.values()), "pickup_at")
         raise ConfigurationError(
-            f"Asset '{asset}': metadata '{PARTITION_EXPR}' is a dict ({dict(value)!r}), the"
-            " dagster-duckdb form for multi-dimensional partitions. idem_assets scopes each"
-            " write by one time window and does not support multi-dimensional partitions yet."
-            " Nothing was changed. Fix: partition the asset by time only (e.g."
-            " partitions_def=dg.DailyPartitionsDefinition(start_date=...)) and name its time"
-            f" column, metadata={{'{PARTITION_EXPR}': {example!r}}}; keep the other dimension"
-            " as an ordinary column, or make one asset per value of it."
+            f"Asset '{asset}': metadata '{PARTITION_EXPR}' is a dict ({dict(value)!r}), the form"
+            " for a dg.MultiPartitionsDefinition, but the asset has one partition dimension."
+            f" Nothing was changed. Fix: name its column, metadata={{'{PARTITION_EXPR}':"
+            f" {example!r}}}."
         )
-    if value is None:
-        return None
-    return validate_identifier(
-        value, f"Asset '{asset}': metadata '{PARTITION_EXPR}' (a column name, not an expression)"
+    return _column(value, asset, f"metadata '{PARTITION_EXPR}'")
+
+
+def _column(value: Any, asset: str, what: str) -> str:
+    return validate_identifier(value, f"Asset '{asset}': {what} (a column name, not an expression)")
+
+
+def partition_columns(
+    value: Any, partitions_def: dg.PartitionsDefinition | None, asset: str
+) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """The ``partition_expr`` metadata as ``(dimension, column)`` pairs and the time column.
+
+    One dimension (time-window, static or dynamic partitions, or none) takes a column name; a
+    ``dg.MultiPartitionsDefinition`` takes a dict naming the column of each of its dimensions,
+    as dagster-duckdb spells it.
+    """
+    value = _raw(value)
+    if not isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        column = partition_column(value, asset)
+        if column is None:
+            return (), None
+        timed = partitions_def is None or isinstance(
+            partitions_def, dg.TimeWindowPartitionsDefinition
+        )
+        return (("", column),), column if timed else None
+    dims = [d.name for d in partitions_def.partitions_defs]
+    example = {d: f"<{d} column>" for d in dims}
+    if not isinstance(value, Mapping) or sorted(value) != sorted(dims):
+        got = f"got {dict(value)!r}" if isinstance(value, Mapping) else f"got {value!r}"
+        raise ConfigurationError(
+            f"Asset '{asset}' has a dg.MultiPartitionsDefinition with dimensions {dims}, so its"
+            f" metadata '{PARTITION_EXPR}' must name the column of each dimension ({got}), or a"
+            " write could not be scoped to its partitions. Nothing was changed. Fix:"
+            f" metadata={{'{PARTITION_EXPR}': {example!r}}}."
+        )
+    pairs = tuple(
+        (d, _column(value[d], asset, f"metadata '{PARTITION_EXPR}'[{d!r}]")) for d in dims
     )
+    if len({c.lower() for _, c in pairs}) < len(pairs):
+        raise ConfigurationError(
+            f"Asset '{asset}': metadata '{PARTITION_EXPR}' names one column for two dimensions"
+            f" ({dict(pairs)!r}); each dimension needs a column of its own. Fix:"
+            f" metadata={{'{PARTITION_EXPR}': {example!r}}}."
+        )
+    time_column = next(
+        (
+            c
+            for d, c in pairs
+            for dim in partitions_def.partitions_defs
+            if dim.name == d and isinstance(dim.partitions_def, dg.TimeWindowPartitionsDefinition)
+        ),
+        None,
+    )
+    return pairs, time_column
 
 
 def resolve_settings(
@@ -141,7 +209,8 @@ def resolve_settings(
     metadata: Mapping[str, Any] | None,
     mode: WriteMode,
     default_schema: str | None,
-    partitioned: bool,
+    partitioned: bool = False,
+    partitions_def: dg.PartitionsDefinition | None = None,
 ) -> WriteSettings:
     """Validate an asset's metadata for ``mode`` and return its settings.
 
@@ -159,13 +228,14 @@ def resolve_settings(
         f"Asset '{asset}': schema",
     )
 
-    partition_expr = partition_column(md.get(PARTITION_EXPR), asset)
-    if partitioned and partition_expr is None:
+    columns, time_column = partition_columns(md.get(PARTITION_EXPR), partitions_def, asset)
+    if (partitioned or partitions_def is not None) and not columns:
         raise ConfigurationError(
             f"Asset '{asset}' is partitioned but has no '{PARTITION_EXPR}' metadata, so a write"
             " could not be scoped to its partition and would replace the whole table. Fix: name"
-            " the DATE or TIMESTAMP column that dates each row, e.g."
-            f" metadata={{'{PARTITION_EXPR}': 'pickup_at'}}."
+            " the column that places each row in its partition: the DATE or TIMESTAMP column"
+            f" for time partitions, e.g. metadata={{'{PARTITION_EXPR}': 'pickup_at'}}, the"
+            " category column for static or dynamic ones, a dict per dimension for multi ones."
         )
 
     primary_key = _column_list(md, PRIMARY_KEY, asset, "['trip_id']")
@@ -188,7 +258,8 @@ def resolve_settings(
         mode=mode,
         schema=schema,
         table=table,
-        partition_expr=partition_expr,
+        partition_columns=columns,
+        time_column=time_column,
         primary_key=primary_key,
         dedupe_order_by=dedupe_order_by,
         delete_missing=_flag(md, DELETE_MISSING, True, asset),

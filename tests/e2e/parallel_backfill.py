@@ -188,7 +188,7 @@ def day_state(stack: Stack, days: Sequence[str]) -> dict[tuple[str, str], tuple[
             for day in days:
                 window = ia.window_from_keys(DAILY, [day], s.asset)
                 state[(s.table, day)] = opened.fingerprint_table(
-                    s.schema, s.table, s.partition_expr, window
+                    s.schema, s.table, s.partition_columns, window
                 )
     return state
 

@@ -9,6 +9,18 @@ import idem_assets as ia
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
 from idem_assets.lib.identifiers import qualified, quote, validate_identifier
+from idem_assets.lib.windows import Condition, Region
+
+
+def spans(column: str, *spans: tuple[object, object]) -> Region:
+    """A time window of ``spans`` on ``column``."""
+    return ((Condition(column, spans=tuple(spans)),),)
+
+
+def cells(column: str, parts: list[tuple[str, object, object]]) -> list:
+    """Each ``(key, start, end)`` as a partition of one time column."""
+    return [(key, (Condition(column, spans=((lo, hi),)),)) for key, lo, hi in parts]
+
 
 DAY = (datetime(2026, 1, 1), datetime(2026, 1, 2))
 LATER_DAY = (datetime(2026, 1, 5), datetime(2026, 1, 6))
@@ -31,17 +43,17 @@ def test_window_predicate_covers_every_span_with_an_alias() -> None:
 
 
 def test_delete_window_text() -> None:
-    assert sql.delete_window(TARGET, "pickup_at", [DAY]) == (
+    assert sql.delete_window(TARGET, spans("pickup_at", DAY)) == (
         'DELETE FROM "main"."trips" WHERE (("pickup_at" >= ? AND "pickup_at" < ?))',
         list(DAY),
     )
 
 
 def test_insert_by_name_text() -> None:
-    assert sql.insert_by_name(TARGET, "staged", None) == (
+    assert sql.insert_by_name(TARGET, "staged") == (
         'INSERT INTO "main"."trips" BY NAME SELECT * FROM staged'
     )
-    assert sql.insert_by_name(TARGET, "staged", "pickup_at") == (
+    assert sql.insert_by_name(TARGET, "staged", ["pickup_at"]) == (
         'INSERT INTO "main"."trips" BY NAME SELECT * FROM staged ORDER BY "pickup_at"'
     )
 
@@ -60,11 +72,11 @@ def test_fingerprint_text_sorts_columns() -> None:
         'SELECT count(*), coalesce(sum(hash("fare", "trip_id")::HUGEINT), 0) FROM "main"."trips"',
         [],
     )
-    assert sql.fingerprint(TARGET, ["trip_id", "fare"], "pickup_at", [DAY])[1] == list(DAY)
+    assert sql.fingerprint(TARGET, ["trip_id", "fare"], spans("pickup_at", DAY))[1] == list(DAY)
 
 
 def test_merge_counts_binds_the_window_once_per_use() -> None:
-    text, params = sql.merge_counts(TARGET, "staged", ["id"], "pickup_at", [DAY])
+    text, params = sql.merge_counts(TARGET, "staged", ["id"], spans("pickup_at", DAY))
     assert text.count("?") == len(params) == 4
     # A semi-join, so duplicate keys in the batch cannot multiply the matches.
     assert text.endswith('FROM "main"."trips" t WHERE t."id" IN (SELECT "id" FROM staged)')
@@ -74,10 +86,14 @@ def test_values_are_bound_never_formatted() -> None:
     hostile = "2026-01-01'); DROP TABLE trips; --"
     for text, params in [
         batch_sql.window_predicate("pickup_at", [(hostile, hostile)]),
-        sql.delete_window(TARGET, "pickup_at", [(hostile, hostile)]),
-        sql.count_window(TARGET, "pickup_at", [(hostile, hostile)]),
-        batch_sql.batch_profile("staged", "pickup_at", [(hostile, hostile)], ["id"]),
-        batch_sql.stray_rows_sample("staged", "pickup_at", [(hostile, hostile)]),
+        sql.delete_window(TARGET, spans("pickup_at", (hostile, hostile))),
+        sql.count_window(TARGET, spans("pickup_at", (hostile, hostile))),
+        batch_sql.batch_profile(
+            "staged", ["pickup_at"], spans("pickup_at", (hostile, hostile)), ["id"]
+        ),
+        batch_sql.stray_rows_sample(
+            "staged", ["pickup_at"], spans("pickup_at", (hostile, hostile))
+        ),
     ]:
         assert "DROP" not in text and "2026" not in text
         assert params.count(hostile) == 2
@@ -87,13 +103,13 @@ def test_values_are_bound_never_formatted() -> None:
     "builder",
     [
         lambda bad: batch_sql.window_predicate(bad, [DAY]),
-        lambda bad: sql.delete_window(TARGET, bad, [DAY]),
-        lambda bad: sql.insert_by_name(TARGET, "staged", bad),
+        lambda bad: sql.delete_window(TARGET, spans(bad, DAY)),
+        lambda bad: sql.insert_by_name(TARGET, "staged", [bad]),
         lambda bad: batch_sql.dedupe("staged", [bad], ["updated_at"], ["id"]),
         lambda bad: batch_sql.dedupe("staged", ["id"], [bad], ["id"]),
         lambda bad: sql.fingerprint(TARGET, [bad]),
         lambda bad: sql.delete_matching_keys(TARGET, "staged", [bad]),
-        lambda bad: batch_sql.batch_profile("staged", None, [], [bad]),
+        lambda bad: batch_sql.batch_profile("staged", [], (), [bad]),
         lambda bad: qualified(bad, "trips"),
     ],
 )
@@ -121,8 +137,10 @@ def test_the_builders_run_on_duckdb() -> None:
             " (3, '2025-12-31', 3)"
         )
         span = [(date(2026, 1, 1), date(2026, 1, 2))]
-        assert conn.execute(*sql.count_window(TARGET, "pickup_at", span)).fetchall() == [(1,)]
-        conn.execute(*sql.delete_window(TARGET, "pickup_at", span))
+        assert conn.execute(*sql.count_window(TARGET, spans("pickup_at", *span))).fetchall() == [
+            (1,)
+        ]
+        conn.execute(*sql.delete_window(TARGET, spans("pickup_at", *span)))
         assert conn.execute("SELECT id FROM main.trips ORDER BY id").fetchall() == [(2,), (3,)]
         text, params = sql.fingerprint(TARGET, ["id", "pickup_at", "order"])
         assert conn.execute(text, params).fetchall()[0][0] == 2
@@ -145,7 +163,7 @@ def moments() -> duckdb.DuckDBPyConnection:
 def test_count_by_partition_leaves_out_rows_of_no_partition(
     moments: duckdb.DuckDBPyConnection,
 ) -> None:
-    q, p = batch_sql.count_by_partition("t", "ts", PARTS)
+    q, p = batch_sql.count_by_partition("t", cells("ts", PARTS))
     assert sorted(moments.execute(q, p).fetchall()) == [("2026-01-01", 2), ("2026-01-05", 1)]
 
 
@@ -153,7 +171,7 @@ def test_matched_by_partition_puts_keys_outside_every_partition_under_null(
     moments: duckdb.DuckDBPyConnection,
 ) -> None:
     moments.execute("CREATE TABLE batch AS SELECT * FROM (VALUES (1), (3), (4)) v(id)")
-    q, p = sql.matched_by_partition("t", "batch", ["id"], "ts", PARTS)
+    q, p = sql.matched_by_partition("t", "batch", ["id"], cells("ts", PARTS))
     assert sorted(moments.execute(q, p).fetchall(), key=str) == [
         ("2026-01-01", 1),
         ("2026-01-05", 1),

@@ -28,7 +28,7 @@ from idem_assets.lib.backends.duckdb_types import (
     cast_sql,
     duckdb_type,
 )
-from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
+from idem_assets.lib.backends.protocol import Counts, PartitionColumns, Scope, Staged, Target
 from idem_assets.lib.errors import StrayRowsError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.samples import format_sample, sample_text
@@ -41,8 +41,8 @@ from idem_assets.lib.schema_fit import (
     refuse_lossy_values,
     schema_changes,
 )
-from idem_assets.lib.settings import WriteSettings
-from idem_assets.lib.windows import WriteWindow, spans_for
+from idem_assets.lib.settings import WriteSettings, spelt_partitions
+from idem_assets.lib.windows import Region, WriteWindow, as_pairs, region_for, spans_for
 
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
@@ -184,32 +184,32 @@ class DuckDBBackend:
         def spelt(names: Sequence[str]) -> tuple[str, ...]:
             return tuple(stored[n.lower()] for n in names)
 
-        pcol = settings.partition_expr
+        spelt_settings = spelt_partitions(settings, stored)
         spelt_settings = replace(
-            settings,
-            partition_expr=stored[pcol.lower()] if pcol else None,
+            spelt_settings,
             primary_key=spelt(settings.primary_key),
             dedupe_order_by=spelt(settings.dedupe_order_by),
         )
-        ptype = next(
-            (c.stored_type for c in columns if c.stored_name == spelt_settings.partition_expr),
-            None,
-        )
+        types = {c.stored_name: c.stored_type for c in columns}
         return Staged(
-            relation=source, settings=spelt_settings, partition_type=ptype, changes=tuple(changes)
+            relation=source,
+            settings=spelt_settings,
+            partition_types={c: types[c] for c in spelt_settings.partition_names},
+            changes=tuple(changes),
         )
 
     def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
         """Refuse rows inside the window as sent but outside it once stored."""
-        window = scope.window
-        if window is None or scope.pcol is None:
+        window, time_column = scope.window, scope.time_column
+        if window is None or time_column is None or not window.timed:
             return
-        column = next(c for c in self._columns if c.stored_name == scope.pcol)
+        column = next(c for c in self._columns if c.stored_name == time_column)
         if column.type == column.stored_type or not pa.types.is_timestamp(column.stored_type):
             return
         batch_spans = spans_for(window, column.type)
+        stored_spans = spans_for(window, column.stored_type)
         stored = self._stored_expression(column)
-        q, p = sql.rounded_out_of_window(self._raw, column.name, stored, batch_spans, scope.spans)
+        q, p = sql.rounded_out_of_window(self._raw, column.name, stored, batch_spans, stored_spans)
         found = self.conn.execute(q, p).fetchall()
         if not found:
             return
@@ -256,29 +256,29 @@ class DuckDBBackend:
         if not scope.table_exists:
             return {}
         target = _target(scope)
-        if scope.bounds and scope.pcol:
-            q, p = sql.count_by_partition(target, scope.pcol, scope.bounds)
+        if scope.cells:
+            q, p = sql.count_by_partition(target, scope.cells)
             return dict(self.conn.execute(q, p).fetchall())
-        q, p = sql.count_window(target, scope.pcol, scope.spans)
+        q, p = sql.count_window(target, scope.region)
         return {None: (_one(self.conn, q, p) or (0,))[0]}
 
     def count_keys(self, scope: Scope) -> tuple[Counts, int]:
         """For a merge, the window's rows whose key the batch holds, and those elsewhere."""
         if scope.settings.mode != "merge" or not scope.table_exists:
             return {}, 0
-        target, source, key, pcol = _target(scope), scope.staged.relation, scope.key, scope.pcol
-        if scope.bounds and pcol:
-            q, p = sql.matched_by_partition(target, source, key, pcol, scope.bounds)
+        target, source, key = _target(scope), scope.staged.relation, scope.key
+        if scope.cells:
+            q, p = sql.matched_by_partition(target, source, key, scope.cells)
             matched: Counts = dict(self.conn.execute(q, p).fetchall())
             return matched, matched.pop(None, 0)
-        q, p = sql.merge_counts(target, source, key, pcol, scope.spans)
+        q, p = sql.merge_counts(target, source, key, scope.region)
         in_window, outside_keys = _one(self.conn, q, p) or (0, 0)
         return {None: in_window}, outside_keys
 
     def keys_elsewhere_sample(self, scope: Scope) -> str:
         """A few target rows outside the window whose key the batch holds."""
         q, p = sql.keys_outside_window_sample(
-            _target(scope), scope.staged.relation, scope.key, str(scope.pcol), scope.spans
+            _target(scope), scope.staged.relation, scope.key, scope.region
         )
         return sample_text(self.conn, q, p)
 
@@ -298,15 +298,15 @@ class DuckDBBackend:
             )
 
     def _insert(self, scope: Scope, source: str) -> int:
-        order_by = scope.pcol if scope.bounds else None
+        order_by = scope.pcols if scope.cells else ()
         # DuckDB answers an INSERT with the number of rows it wrote: after dedup, the batch's size.
         return _one(self.conn, sql.insert_by_name(_target(scope), source, order_by))[0]
 
     def replace(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
         """Delete the window (the whole table when unpartitioned), then insert the batch."""
         self._create(scope)
-        if scope.pcol:
-            q, p = sql.delete_window(_target(scope), scope.pcol, scope.spans)
+        if scope.region:
+            q, p = sql.delete_window(_target(scope), scope.region)
             self.conn.execute(q, p)
         else:
             self.conn.execute(sql.delete_all(_target(scope)))
@@ -317,8 +317,8 @@ class DuckDBBackend:
         """Delete the batch's keys (the whole window with delete_missing), insert the batch."""
         self._create(scope)
         settings, target, source = scope.settings, _target(scope), scope.staged.relation
-        if settings.delete_missing and scope.pcol:
-            q, p = sql.delete_window(target, scope.pcol, scope.spans)
+        if settings.delete_missing and scope.region:
+            q, p = sql.delete_window(target, scope.region)
             self.conn.execute(q, p)
         elif settings.delete_missing:
             self.conn.execute(sql.delete_all(target))
@@ -333,27 +333,32 @@ class DuckDBBackend:
     def fingerprints(self, scope: Scope) -> dict[str | None, tuple[int, int]]:
         """Count and hash sum of the window now, per partition of a range."""
         columns = [c.stored_name for c in self._columns]
-        if scope.bounds and scope.pcol:
-            q, p = sql.partition_fingerprints(_target(scope), columns, scope.pcol, scope.bounds)
+        if scope.cells:
+            q, p = sql.partition_fingerprints(_target(scope), columns, scope.cells)
             return {k: (n, d) for k, n, d in self.conn.execute(q, p).fetchall()}
-        q, p = sql.fingerprint(_target(scope), columns, scope.pcol, scope.spans)
+        q, p = sql.fingerprint(_target(scope), columns, scope.region)
         count, digest = _one(self.conn, q, p) or (0, 0)
         return {None: (count, digest)}
 
     def fingerprint_table(
-        self, schema: str, table: str, partition_column: str | None, window: WriteWindow | None
+        self,
+        schema: str,
+        table: str,
+        partition_columns: PartitionColumns,
+        window: WriteWindow | None,
     ) -> tuple[int, int] | None:
         """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
         cols = table_columns(self.conn, schema, table)
         if cols is None:
             return None
-        spans = []
-        if partition_column and window:
-            spans = spans_for(window, arrow_type(cols[partition_column]))
+        region: Region = ()
+        if partition_columns and window:
+            pairs = as_pairs(partition_columns)
+            region = region_for(window, pairs, {c: arrow_type(cols[c]) for _, c in pairs})
         # The library's own table has a name no user table can have, so it skips that check.
         own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
         target = OWNERS if own else qualified(schema, table)
-        q, p = sql.fingerprint(target, list(cols), partition_column, spans)
+        q, p = sql.fingerprint(target, list(cols), region)
         count, digest = _one(self.conn, q, p) or (0, 0)
         return count, digest
 
@@ -362,14 +367,17 @@ class DuckDBBackend:
     ) -> pa.Table | pd.DataFrame:
         """The window's rows (the whole table without one), in partition order."""
         where, params, order = "", [], ""
-        pcol = settings.partition_expr
-        if pcol:
-            order = f" ORDER BY {quote(pcol)}"
+        pcols = settings.partition_names
+        if pcols:
+            order = " ORDER BY " + ", ".join(quote(c) for c in pcols)
         if nothing:
             where = " WHERE false"
-        elif window and pcol:
+        elif window and pcols:
             cols = table_columns(self.conn, settings.schema, settings.table) or {}
-            pred, params = sql.window_predicate(pcol, spans_for(window, arrow_type(cols[pcol])))
+            types = {c: arrow_type(cols[c]) for c in pcols}
+            pred, params = batch_sql.region_predicate(
+                region_for(window, settings.partition_columns, types)
+            )
             where = f" WHERE {pred}"
         target = qualified(settings.schema, settings.table)
         relation = self.conn.sql(f"SELECT * FROM {target}{where}{order}", params=params)

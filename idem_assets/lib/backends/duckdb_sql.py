@@ -12,17 +12,19 @@ from idem_assets.lib.batch_sql import (
     count_by_partition,
     partition_case,
     quoted_columns,
+    region_predicate,
     span_predicate,
     window_predicate,
 )
 from idem_assets.lib.identifiers import quote, validate_identifier
+from idem_assets.lib.windows import Cell, Region
 
 __all__ = ["count_by_partition"]
 
 
-def delete_window(target: str, column: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
+def delete_window(target: str, region: Region) -> Statement:
     """Delete the window's rows (the overwrite's first half; never touches other partitions)."""
-    pred, params = window_predicate(column, spans)
+    pred, params = region_predicate(region)
     return f"DELETE FROM {target} WHERE {pred}", params
 
 
@@ -37,23 +39,21 @@ def delete_matching_keys(target: str, source: str, key: Sequence[str]) -> str:
     return f"DELETE FROM {target} USING {source} WHERE {cond}"
 
 
-def insert_by_name(target: str, source: str, order_by: str | None) -> str:
+def insert_by_name(target: str, source: str, order_by: Sequence[str] = ()) -> str:
     """Insert ``source`` matching columns by name, in partition order when one is given.
 
     Inserting in partition order keeps each partition in few row groups, so DuckDB's zone maps
     let the next window delete skip the rest of the table.
     """
-    order = f" ORDER BY {quote(validate_identifier(order_by, 'column'))}" if order_by else ""
+    order = f" ORDER BY {', '.join(quoted_columns(order_by))}" if order_by else ""
     return f"INSERT INTO {target} BY NAME SELECT * FROM {source}{order}"
 
 
-def count_window(
-    target: str, partition_column: str | None, spans: Sequence[tuple[Bound, Bound]]
-) -> Statement:
+def count_window(target: str, region: Region) -> Statement:
     """Rows currently in the window (the whole table when unpartitioned)."""
-    if partition_column is None:
+    if not region:
         return f"SELECT count(*) FROM {target}", []
-    pred, params = window_predicate(partition_column, spans)
+    pred, params = region_predicate(region)
     return f"SELECT count(*) FROM {target} WHERE {pred}", params
 
 
@@ -68,16 +68,15 @@ def merge_counts(
     target: str,
     source: str,
     key: Sequence[str],
-    partition_column: str | None,
-    spans: Sequence[tuple[Bound, Bound]],
+    region: Region,
 ) -> Statement:
     """Target rows whose key the batch holds: inside the window, and *outside* it.
 
     Columns returned: ``matched_in_window, matched_outside_window``.
     """
-    if partition_column is None:
+    if not region:
         return f"SELECT count(*), 0 FROM {target} t WHERE {_key_in(source, key)}", []
-    pred_t, params = window_predicate(partition_column, spans, alias="t")
+    pred_t, params = region_predicate(region, alias="t")
     return (
         f"SELECT count(*) FILTER (WHERE {pred_t}), count(*) FILTER (WHERE NOT {pred_t})"
         f" FROM {target} t WHERE {_key_in(source, key)}",
@@ -89,12 +88,11 @@ def keys_outside_window_sample(
     target: str,
     source: str,
     key: Sequence[str],
-    partition_column: str,
-    spans: Sequence[tuple[Bound, Bound]],
+    region: Region,
     limit: int = 5,
 ) -> Statement:
     """Existing rows outside the window whose key the batch also holds."""
-    pred_t, params = window_predicate(partition_column, spans, alias="t")
+    pred_t, params = region_predicate(region, alias="t")
     return (
         f"SELECT t.* FROM {target} t WHERE {_key_in(source, key)} AND NOT {pred_t}"
         f" LIMIT {int(limit)}",
@@ -106,14 +104,13 @@ def matched_by_partition(
     target: str,
     source: str,
     key: Sequence[str],
-    partition_column: str,
-    partitions: Sequence[tuple[str, Bound, Bound]],
+    cells: Sequence[Cell],
 ) -> Statement:
     """Target rows whose key the batch holds, per partition: rows of ``(key, count)``.
 
     Rows outside every partition come back under the key NULL.
     """
-    case, params = partition_case(partition_column, partitions)
+    case, params = partition_case(cells, alias="t")
     return (
         f"SELECT {case} AS partition_key, count(*) FROM {target} t WHERE {_key_in(source, key)}"
         " GROUP BY partition_key",
@@ -148,8 +145,7 @@ def rounded_out_of_window(
 def partition_fingerprints(
     target: str,
     columns: Sequence[str],
-    partition_column: str,
-    partitions: Sequence[tuple[str, Bound, Bound]],
+    cells: Sequence[Cell],
 ) -> Statement:
     """Per-partition count and hash sum in one scan: rows of ``(key, count, hash_sum)``.
 
@@ -157,8 +153,8 @@ def partition_fingerprints(
     carry its own row count and fingerprint rather than the range's totals.
     """
     cols = ", ".join(quoted_columns(sorted(columns)))
-    case, params = partition_case(partition_column, partitions)
-    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
+    case, params = partition_case(cells)
+    pred, where_params = region_predicate(tuple(box for _, box in cells))
     return (
         f"SELECT {case} AS partition_key, count(*),"
         f" coalesce(sum(hash({cols})::HUGEINT), 0) FROM {target} WHERE {pred}"
@@ -170,8 +166,7 @@ def partition_fingerprints(
 def fingerprint(
     target: str,
     columns: Sequence[str],
-    partition_column: str | None = None,
-    spans: Sequence[tuple[Bound, Bound]] = (),
+    region: Region = (),
 ) -> Statement:
     """An order-independent fingerprint of the rows: their count and the sum of row hashes.
 
@@ -179,8 +174,8 @@ def fingerprint(
     """
     cols = ", ".join(quoted_columns(sorted(columns)))
     where, params = "", []
-    if partition_column is not None and spans:
-        pred, params = window_predicate(partition_column, spans)
+    if region:
+        pred, params = region_predicate(region)
         where = f" WHERE {pred}"
     return (
         f"SELECT count(*), coalesce(sum(hash({cols})::HUGEINT), 0) FROM {target}{where}",

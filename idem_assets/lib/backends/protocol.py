@@ -17,7 +17,10 @@ import pyarrow as pa
 
 from idem_assets.lib.schema_fit import SchemaChange
 from idem_assets.lib.settings import WriteSettings
-from idem_assets.lib.windows import Bound, WriteWindow
+from idem_assets.lib.windows import Cell, Region, WriteWindow
+
+#: ``(dimension, column)`` pairs, or one column name (a one-dimensional ``partition_expr``).
+PartitionColumns = Sequence[tuple[str, str]] | str | None
 
 #: Per-partition counts of a range, or the whole window's under the key ``None``.
 Counts = dict[str | None, int]
@@ -41,8 +44,8 @@ class Staged:
     relation: str
     #: The settings with every column name spelt as the table spells it.
     settings: WriteSettings
-    #: The stored partition column's type (window bounds depend on it), or ``None``.
-    partition_type: pa.DataType | None
+    #: Each stored partition column's type (window bounds and values depend on them).
+    partition_types: dict[str, pa.DataType]
     #: The schema changes the asset opted into that this batch needs (``schema_fit``); the
     #: relation is already cast to the changed types, the table is changed by ``evolve``.
     changes: tuple[SchemaChange, ...] = ()
@@ -58,10 +61,17 @@ class Scope:
     where: str
     staged: Staged
     table_exists: bool
-    pcol: str | None
-    spans: list[tuple[Bound, Bound]]
-    #: A range's partitions with their bounds; empty for one partition or none.
-    bounds: list[tuple[str, Bound, Bound]]
+    #: The partition columns as stored, time first; empty without a window.
+    pcols: tuple[str, ...]
+    #: The window as rows of those columns (empty without a window).
+    region: Region
+    #: A range's partitions with their boxes; empty for one partition or none.
+    cells: list[Cell]
+
+    @property
+    def time_column(self) -> str | None:
+        """The stored time column when the window has a time dimension."""
+        return self.settings.time_column if self.pcols else None
 
     @property
     def key(self) -> list[str]:
@@ -142,7 +152,11 @@ class Backend(Protocol):
         ...
 
     def fingerprint_table(
-        self, schema: str, table: str, partition_column: str | None, window: WriteWindow | None
+        self,
+        schema: str,
+        table: str,
+        partition_columns: PartitionColumns,
+        window: WriteWindow | None,
     ) -> tuple[int, int] | None:
         """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
         ...
