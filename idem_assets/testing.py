@@ -37,7 +37,7 @@ from idem_assets.lib.errors import ConfigurationError
 from idem_assets.lib.outbox import DeliveryRecord, Outbox, content_fingerprint
 from idem_assets.lib.publish import PUBLISH_STAGES, STAGE_HOOK
 from idem_assets.lib.samples import format_sample
-from idem_assets.lib.windows import bound_for
+from idem_assets.lib.windows import Box, as_pairs, cells_for, window_from_keys
 
 Property = Literal["rerun", "chunking", "input_order", "clock", "crash"]
 PROPERTIES: tuple[Property, ...] = ("rerun", "chunking", "input_order", "clock", "crash")
@@ -626,8 +626,11 @@ def _default_clocks(
 ) -> tuple[datetime, datetime]:
     """The morning after the last partition, and a year and a season later in the afternoon."""
     end = datetime(2026, 1, 1, tzinfo=UTC)
-    if isinstance(pdef, dg.TimeWindowPartitionsDefinition) and keys[-1] is not None:
-        end = pdef.time_window_for_partition_key(keys[-1]).end.astimezone(UTC)
+    if pdef is not None and keys[-1] is not None:
+        window = window_from_keys(pdef, [str(k) for k in keys], "clock")
+        # A time partition exists only once its window has ended: the clock must be past it.
+        if window.timed:
+            end = window.end.astimezone(UTC)
     day_after = datetime.combine(end.date() + timedelta(days=1), time(6, 5), UTC)
     return day_after, day_after + timedelta(days=400, hours=11, minutes=32)
 
@@ -685,22 +688,30 @@ def _per_partition(
         return {(name, None): table}
     if len(keys) == 1:
         return {(name, keys[0]): table}
-    column = stored.assets_def.metadata_by_key.get(stored.key, {}).get("partition_expr")
-    column = getattr(column, "value", column)
-    if (
-        not isinstance(pdef, dg.TimeWindowPartitionsDefinition)
-        or not isinstance(column, str)
-        or column not in table.column_names
-    ):
+    columns = stored.assets_def.metadata_by_key.get(stored.key, {}).get("partition_expr")
+    pairs = as_pairs(getattr(columns, "value", columns))
+    if not pairs or any(c not in table.column_names for _, c in pairs):
         return {(name, f"{keys[0]}...{keys[-1]}"): table}
-    values = table.column(column)
-    split: Snapshot = {}
-    for key in keys:
-        window = pdef.time_window_for_partition_key(str(key))
-        lo = pa.scalar(bound_for(window.start, values.type), values.type)
-        hi = pa.scalar(bound_for(window.end, values.type), values.type)
-        split[(name, key)] = table.filter((pc.field(column) >= lo) & (pc.field(column) < hi))
-    return split
+    window = window_from_keys(pdef, [str(k) for k in keys], name)
+    types = {c: table.schema.field(c).type for _, c in pairs}
+    return {
+        (name, key): table.filter(_in_box(box, types))
+        for key, box in cells_for(window, pairs, types, always=True)
+    }
+
+
+def _in_box(box: Box, types: Mapping[str, pa.DataType]) -> pc.Expression:
+    """An Arrow filter for the rows of one partition's box."""
+    condition = pc.scalar(True)
+    for cond in box:
+        field, ctype = pc.field(cond.column), types[cond.column]
+        if cond.spans:
+            lo, hi = cond.spans[0]
+            inside = (field >= pa.scalar(lo, ctype)) & (field < pa.scalar(hi, ctype))
+        else:
+            inside = field.isin(pa.array(cond.values, ctype))
+        condition = condition & inside
+    return condition
 
 
 def _read_type(stored: _Stored) -> dg.DagsterType:

@@ -411,3 +411,64 @@ def test_without_a_workdir_the_trials_run_in_a_temporary_directory_that_is_remov
     report = assert_rerun_idempotent([orders], resources=resources(), partition=DAY)
     assert report.compared == ["orders"]
     assert list(tmp_path.iterdir()) == []
+
+
+SHOPS = dg.MultiPartitionsDefinition(
+    {"date": DAILY, "shop": dg.StaticPartitionsDefinition(["harbour", "market"])}
+)
+
+
+@dg.asset(
+    name="shop_orders",
+    partitions_def=SHOPS,
+    metadata={"partition_expr": {"date": "ordered_at", "shop": "shop"}},
+)
+def shop_orders(context: dg.AssetExecutionContext) -> pd.DataFrame:
+    """The orders of each (day, shop) of the run."""
+    return cell_orders(context.partition_keys)
+
+
+def cell_orders(keys: list[str]) -> pd.DataFrame:
+    """The orders of each (day, shop) key."""
+    frames = []
+    for key in keys:
+        dims = SHOPS.get_partition_key_from_str(key).keys_by_dimension
+        frame = day_orders(date.fromisoformat(dims["date"])).drop_duplicates("order_id")
+        frames.append(frame.assign(shop=dims["shop"]))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_multi_partitioned_asset_is_split_by_cell_and_passes(tmp_path: Path) -> None:
+    report = assert_rerun_safe(
+        [shop_orders],
+        resources=resources(),
+        partition_range=("2026-01-01|market", "2026-01-02|market"),
+        workdir=tmp_path,
+        properties=["rerun", "chunking"],
+    )
+    assert report.partitions == ["2026-01-01|market", "2026-01-02|market"]
+    assert report.properties == ["rerun", "chunking"]
+
+
+def test_a_multi_asset_that_numbers_rows_across_its_run_fails_chunking_on_its_cell(
+    tmp_path: Path,
+) -> None:
+    @dg.asset(
+        name="numbered_shop_orders",
+        partitions_def=SHOPS,
+        metadata={"partition_expr": {"date": "ordered_at", "shop": "shop"}},
+    )
+    def numbered(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        frame = cell_orders(context.partition_keys)
+        return frame.assign(position=range(len(frame)))
+
+    with pytest.raises(RerunSafetyError) as caught:
+        assert_rerun_safe(
+            [numbered],
+            resources=resources(),
+            partition_range=("2026-01-01|market", "2026-01-02|market"),
+            workdir=tmp_path,
+            properties=["chunking"],
+        )
+    # Split by cell, the failure names the one cell that differs, not the whole range.
+    assert "partition 2026-01-02|market, property 'chunking'" in str(caught.value)
