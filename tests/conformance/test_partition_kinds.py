@@ -184,20 +184,25 @@ def test_static_range_in_one_run_equals_a_run_per_category(store: Store) -> None
     assert written_counts(result) == {"east": ROWS, "north": ROWS}
 
 
-def test_static_row_of_another_category_is_refused(store: Store) -> None:
-    fill_static(store)
+@pytest.mark.parametrize("io_manager", ["io_manager", "merge_io_manager"])
+def test_static_row_of_another_category_is_refused(store: Store, io_manager: str) -> None:
+    fill_static(store, io_manager)
 
     def with_stray(context: dg.AssetExecutionContext) -> pa.Table:
         return pa.concat_tables([run_rows(context), sales(DAYS[1], "south").slice(0, 1)])
 
-    message = refused(store, kind_asset(with_stray, STATIC, ONE_DIM), "north", ia.StrayRowsError)
+    asset = kind_asset(with_stray, STATIC, ONE_DIM, io_manager)
+    message = refused(store, asset, "north", ia.StrayRowsError)
     assert f"1 of {ROWS + 1} rows have 'region' outside the window" in message
     assert "'region' in ['north']" in message
 
 
-def test_static_empty_batch_over_a_filled_category_is_refused(store: Store) -> None:
-    fill_static(store)
-    empty = kind_asset(lambda c: run_rows(c).slice(0, 0), STATIC, ONE_DIM)
+@pytest.mark.parametrize("io_manager", ["io_manager", "merge_io_manager"])
+def test_static_empty_batch_over_a_filled_category_is_refused(
+    store: Store, io_manager: str
+) -> None:
+    fill_static(store, io_manager)
+    empty = kind_asset(lambda c: run_rows(c).slice(0, 0), STATIC, ONE_DIM, io_manager)
     assert "would silently erase" in refused(store, empty, "south", ia.EmptyBatchError)
 
 
@@ -244,19 +249,25 @@ def test_an_integer_category_column_takes_integer_keys(store: Store) -> None:
 # Dynamic partitions
 
 
-def test_dynamic_partitions_are_scoped_like_static_ones(store: Store) -> None:
+@pytest.mark.parametrize("io_manager", ["io_manager", "merge_io_manager"])
+def test_dynamic_partitions_are_scoped_like_static_ones(store: Store, io_manager: str) -> None:
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("stores", ["north", "south"])
-    cells = kind_asset(run_rows, DYNAMIC, ONE_DIM)
-    for key in ["north", "south", "north"]:
+    instance.add_dynamic_partitions("stores", ["east", "north", "south"])
+    cells = kind_asset(run_rows, DYNAMIC, ONE_DIM, io_manager)
+    run(store, cells, first_last=("east", "north"), instance=instance)
+    for key in ["south", "north"]:
         run(store, cells, key, instance=instance)
-    assert store.rows("sales") == rows_of(sales(DAYS[0], "north"), sales(DAYS[0], "south"))
+    expected = rows_of(*[sales(DAYS[0], r) for r in ["east", "north", "south"]])
+    assert store.rows("sales") == expected
 
     def with_stray(context: dg.AssetExecutionContext) -> pa.Table:
         return pa.concat_tables([run_rows(context), sales(DAYS[0], "east").slice(0, 2)])
 
-    stray = kind_asset(with_stray, DYNAMIC, ONE_DIM)
+    stray = kind_asset(with_stray, DYNAMIC, ONE_DIM, io_manager)
     refused(store, stray, "south", ia.StrayRowsError, instance=instance)
+    empty = kind_asset(lambda c: run_rows(c).slice(0, 0), DYNAMIC, ONE_DIM, io_manager)
+    refused(store, empty, "north", ia.EmptyBatchError, instance=instance)
+    assert store.rows("sales") == expected
 
 
 # Multi-dimensional partitions: date x region
