@@ -145,7 +145,8 @@ def partition_column(value: Any, asset: str) -> str | None:
             f"Asset '{asset}': metadata '{PARTITION_EXPR}' is a dict ({dict(value)!r}), the form"
             " for a dg.MultiPartitionsDefinition, but the asset has one partition dimension."
             f" Nothing was changed. Fix: name its column, metadata={{'{PARTITION_EXPR}':"
-            f" {example!r}}}."
+            f" {example!r}}}; or, to scope writes by every key of the dict, partition the asset"
+            " with a dg.MultiPartitionsDefinition with those dimensions."
         )
     return _column(value, asset, f"metadata '{PARTITION_EXPR}'")
 
