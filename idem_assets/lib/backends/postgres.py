@@ -405,10 +405,12 @@ class PostgresBackend:
         self._run(sql.create_table(_target(scope), columns))
         if s.partition_names:
             # Every count, delete, fingerprint and load of a window then reads only its rows.
-            # One B-tree, time first: a time window is a range of its leading column; a static
-            # or dynamic dimension's partition is its value's rows, scattered over the table by
-            # the runs that wrote them (so no BRIN), found by equality (deduplicated leaf entries
-            # keep a few repeated values small). A multi partition narrows on both columns.
+            # One B-tree over the partition columns, time first: a time window is a range of
+            # its leading column. A static or dynamic partition is its value's rows, scattered
+            # over the table by the runs that wrote them, so a BRIN would not narrow it; the
+            # B-tree finds them by equality. Its upkeep is paid per row copied, while the scan
+            # it spares grows with the table (500k rows of 200 values: one value's DELETE took
+            # 17-30 ms instead of 45-60 ms, the COPY of all of them 0.4-0.9 s more).
             self._run(sql.create_index(_target(scope), list(s.partition_names)))
         keys = [f for f in self._fits if f.stored_name in s.primary_key]
         # boolean has no BRIN operator class.
