@@ -11,6 +11,7 @@ import pytest
 import idem_assets as ia
 from idem_assets.lib.backends import postgres_sql as sql
 from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
+from idem_assets.lib.windows import Condition
 from tests.helpers import DAILY, NOW, TRIPS_METADATA, settings, window
 from tests.reliability import day_batch
 
@@ -138,7 +139,8 @@ def test_load_reads_only_the_window_as_pandas(
 
 def test_load_pushes_the_half_open_window_down() -> None:
     start, end = datetime(2026, 1, 1), datetime(2026, 1, 2)
-    query, params = sql.select_window('"main"."trips"', "pickup_at", [(start, end)], False)
+    region = ((Condition("pickup_at", spans=((start, end),)),),)
+    query, params = sql.select_window('"main"."trips"', ["pickup_at"], region, False)
     assert query == (
         'SELECT * FROM "main"."trips" WHERE (("pickup_at" >= $1 AND "pickup_at" < $2))'
         ' ORDER BY "pickup_at"'

@@ -1,10 +1,11 @@
-"""The PostgreSQL backend: one transaction per publish, binary COPY of Arrow, per-day locks.
+"""The PostgreSQL backend: one transaction per publish, binary COPY of Arrow, per-partition locks.
 
 The refusals are the guards' (:mod:`idem_assets.lib.guards`), decided on the staged Arrow batch
 in an embedded DuckDB: nothing goes to the server before they pass, except the batch's keys for
 a merge (a temporary table the transaction drops). Writers of one window queue on
 transaction-scoped advisory locks, one per partition, taken in sorted order, so two writers of a
-day can never double it while writers of other days run in parallel; readers are never blocked.
+partition can never double it while writers of other partitions run in parallel; readers are
+never blocked.
 Rows travel as Arrow over the ADBC driver's binary COPY.
 """
 
@@ -25,7 +26,7 @@ from idem_assets.lib import batch_sql, guards
 from idem_assets.lib.backends import duckdb_sql as duck_sql
 from idem_assets.lib.backends import postgres_sql as sql
 from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type
-from idem_assets.lib.backends.protocol import Counts, Scope, Staged, Target
+from idem_assets.lib.backends.protocol import Counts, PartitionColumns, Scope, Staged, Target
 from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.samples import format_sample
@@ -39,8 +40,8 @@ from idem_assets.lib.schema_fit import (
     schema_changes,
     stored_batch,
 )
-from idem_assets.lib.settings import WriteSettings
-from idem_assets.lib.windows import Bound, WriteWindow, spans_for
+from idem_assets.lib.settings import WriteSettings, spelt_partitions
+from idem_assets.lib.windows import Region, WriteWindow, as_pairs, region_for
 
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
@@ -267,18 +268,17 @@ class PostgresBackend:
         def spelt(names: Sequence[str]) -> tuple[str, ...]:
             return tuple(by_name[n.lower()].stored_name for n in names)
 
-        pcol = settings.partition_expr
         spelt_settings = replace(
-            settings,
-            partition_expr=by_name[pcol.lower()].stored_name if pcol else None,
+            spelt_partitions(settings, {n: f.stored_name for n, f in by_name.items()}),
             primary_key=spelt(settings.primary_key),
             dedupe_order_by=spelt(settings.dedupe_order_by),
         )
-        ptype = by_name[pcol.lower()].stored_type if pcol else None
         return Staged(
             relation=quote(name),
             settings=spelt_settings,
-            partition_type=ptype,
+            partition_types={
+                c: by_name[c.lower()].stored_type for c in spelt_settings.partition_names
+            },
             changes=tuple(changes),
         )
 
@@ -310,7 +310,9 @@ class PostgresBackend:
         if self._locked:
             return
         s = scope.settings
-        parts: list[str | None] = list(scope.window.keys) if scope.window and scope.pcol else [None]
+        # Any kind of key ("2026-01-01", "bronx", "2026-01-01|bronx") is hashed to one lock.
+        window = scope.window
+        parts: list[str | None] = list(window.keys) if window and scope.pcols else [None]
         for key in sorted({sql.lock_key(s.schema, s.table, p) for p in parts}):
             self._rows(("SELECT pg_advisory_xact_lock($1)", [key]))
         self._locked = True
@@ -321,9 +323,9 @@ class PostgresBackend:
         if not scope.table_exists:
             return {}
         target = _target(scope)
-        if scope.bounds and scope.pcol:
-            return dict(self._rows(sql.count_by_partition(target, scope.pcol, scope.bounds)))
-        return {None: self._rows(sql.count_window(target, scope.pcol, scope.spans))[0][0]}
+        if scope.cells:
+            return dict(self._rows(sql.count_by_partition(target, scope.cells)))
+        return {None: self._rows(sql.count_window(target, scope.region))[0][0]}
 
     def _keys_table(self, scope: Scope) -> str:
         """The batch's distinct keys in a temporary table, for the server to join against."""
@@ -349,12 +351,12 @@ class PostgresBackend:
             return {}, 0
         self._lock(scope)
         keys = self._keys_table(scope)
-        target, key, ranges, pcol = _target(scope), scope.key, self._key_ranges, scope.pcol
-        if scope.bounds and pcol:
-            q = sql.matched_by_partition(target, keys, key, ranges, pcol, scope.bounds)
+        target, key, ranges = _target(scope), scope.key, self._key_ranges
+        if scope.cells:
+            q = sql.matched_by_partition(target, keys, key, ranges, scope.cells)
             matched: Counts = dict(self._rows(q))
             return matched, matched.pop(None, 0)
-        q = sql.merge_counts(target, keys, key, ranges, pcol, scope.spans)
+        q = sql.merge_counts(target, keys, key, ranges, scope.region)
         in_window, outside = self._rows(q)[0]
         return {None: in_window}, outside
 
@@ -362,7 +364,7 @@ class PostgresBackend:
         """A few target rows outside the window whose key the batch holds."""
         keys = self._keys_table(scope)
         q = sql.keys_outside_window_sample(
-            _target(scope), keys, scope.key, self._key_ranges, str(scope.pcol), scope.spans
+            _target(scope), keys, scope.key, self._key_ranges, scope.region
         )
         rows = self._rows(q)
         return format_sample([d[0] for d in self.cur.description or []], rows)
@@ -401,9 +403,15 @@ class PostgresBackend:
         self._run(f"CREATE SCHEMA IF NOT EXISTS {quote(s.schema)}")
         columns = [(f.stored_name, DIALECT.type_sql(f.stored_type)) for f in self._fits]
         self._run(sql.create_table(_target(scope), columns))
-        if s.partition_expr:
+        if s.partition_names:
             # Every count, delete, fingerprint and load of a window then reads only its rows.
-            self._run(sql.create_index(_target(scope), [s.partition_expr]))
+            # One B-tree over the partition columns, time first: a time window is a range of
+            # its leading column. A static or dynamic partition is its value's rows, scattered
+            # over the table by the runs that wrote them, so a BRIN would not narrow it; the
+            # B-tree finds them by equality. Its upkeep is paid per row copied, while the scan
+            # it spares grows with the table (500k rows of 200 values: one value's DELETE took
+            # 17-30 ms instead of 45-60 ms, the COPY of all of them 0.4-0.9 s more).
+            self._run(sql.create_index(_target(scope), list(s.partition_names)))
         keys = [f for f in self._fits if f.stored_name in s.primary_key]
         # boolean has no BRIN operator class.
         if s.mode == "merge" and keys and not any(pa.types.is_boolean(f.stored_type) for f in keys):
@@ -421,8 +429,8 @@ class PostgresBackend:
         """Delete the window (the whole table when unpartitioned), then COPY the batch in."""
         self._lock(scope)
         self._create(scope)
-        if scope.pcol:
-            self._run(sql.delete_window(_target(scope), scope.pcol, scope.spans))
+        if scope.region:
+            self._run(sql.delete_window(_target(scope), scope.region))
         else:
             self._run(sql.delete_all(_target(scope)))
         on_stage("deleted")
@@ -434,8 +442,8 @@ class PostgresBackend:
         self._lock(scope)
         self._create(scope)
         settings, target = scope.settings, _target(scope)
-        if settings.delete_missing and scope.pcol:
-            self._run(sql.delete_window(target, scope.pcol, scope.spans))
+        if settings.delete_missing and scope.region:
+            self._run(sql.delete_window(target, scope.region))
         elif settings.delete_missing:
             self._run(sql.delete_all(target))
         else:
@@ -469,8 +477,8 @@ class PostgresBackend:
         after = self._register(self._after(scope))
         columns = list(self._staged_rows().column_names)
         duck = self.evaluator()
-        if scope.bounds and scope.pcol:
-            q, p = duck_sql.partition_fingerprints(after, columns, scope.pcol, scope.bounds)
+        if scope.cells:
+            q, p = duck_sql.partition_fingerprints(after, columns, scope.cells)
             return {k: (n, int(d)) for k, n, d in duck.execute(q, p).fetchall()}
         count, digest = duck.execute(*duck_sql.fingerprint(after, columns)).fetchall()[0]
         return {None: (count, int(digest))}
@@ -480,7 +488,7 @@ class PostgresBackend:
         s, target = scope.settings, _target(scope)
         if not _exact(self._table_cols or {}):
             # The table stores some value otherwise than staged (timestamp(3), character(n)).
-            return self._read(target, s.schema, s.table, scope.pcol, scope.spans)
+            return self._read(target, s.schema, s.table, scope.region)
         written = self._written if self._written is not None else self._staged_rows()
         if s.mode != "merge" or s.delete_missing:
             return written
@@ -490,8 +498,7 @@ class PostgresBackend:
             list(written.column_names),
             self._keys_table(scope),
             scope.key,
-            scope.pcol,
-            scope.spans,
+            scope.region,
         )
         self._run(kept)
         rows = _as_stored(
@@ -507,23 +514,20 @@ class PostgresBackend:
         self._registered.append(name)
         return quote(name)
 
-    def _read(
-        self,
-        target: str,
-        schema: str,
-        table: str,
-        pcol: str | None,
-        spans: Sequence[tuple[Bound, Bound]],
-    ) -> pa.RecordBatchReader:
+    def _read(self, target: str, schema: str, table: str, region: Region) -> pa.RecordBatchReader:
         """Stream the window's rows (the whole table without one) as Arrow in stored types."""
         cols = self._columns(schema, table) or {}
         types = _arrow_types(cols, f"{schema}.{table}")
-        self._run(sql.select_rows(target, list(cols), pcol, spans))
+        self._run(sql.select_rows(target, list(cols), region))
         batches = (_as_stored(b, types) for b in self.cur.fetch_record_batch())
         return pa.RecordBatchReader.from_batches(pa.schema(list(types.items())), batches)
 
     def fingerprint_table(
-        self, schema: str, table: str, partition_column: str | None, window: WriteWindow | None
+        self,
+        schema: str,
+        table: str,
+        partition_columns: PartitionColumns,
+        window: WriteWindow | None,
     ) -> tuple[int, int] | None:
         """Count and hash sum of a table (or one window of it); ``None`` when it is absent.
 
@@ -533,13 +537,15 @@ class PostgresBackend:
         cols = self._columns(schema, table)
         if cols is None:
             return None
-        spans = []
-        if partition_column and window:
-            spans = spans_for(window, _arrow_type(cols, partition_column, f"{schema}.{table}"))
+        region: Region = ()
+        if partition_columns and window:
+            pairs = as_pairs(partition_columns)
+            types = {c: _arrow_type(cols, c, f"{schema}.{table}") for _, c in pairs}
+            region = region_for(window, pairs, types)
         # The library's own table has a name no user table can have, so it skips that check.
         own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
         target = OWNERS if own else qualified(schema, table)
-        rows = self._read(target, schema, table, partition_column if spans else None, spans)
+        rows = self._read(target, schema, table, region)
         name = BATCH_PREFIX + uuid.uuid4().hex
         duck = self.evaluator()
         duck.register(name, rows)
@@ -556,10 +562,12 @@ class PostgresBackend:
         """The window's rows (the whole table without one), in partition order."""
         cols = self._columns(settings.schema, settings.table) or {}
         types = _arrow_types(cols, _name(settings))
-        pcol = settings.partition_expr
-        spans = spans_for(window, types[pcol]) if window and pcol else []
+        pcols = settings.partition_names
+        region: Region = ()
+        if window and pcols and not nothing:
+            region = region_for(window, settings.partition_columns, types)
         target = qualified(settings.schema, settings.table)
-        self._run(sql.select_window(target, pcol, spans, nothing))
+        self._run(sql.select_window(target, pcols, region, nothing))
         table = _as_stored(self.cur.fetch_arrow_table(), types)
         return table if arrow else table.to_pandas()
 

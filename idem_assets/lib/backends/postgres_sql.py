@@ -1,6 +1,6 @@
 """PostgreSQL's dialect for the statements that read and write a target table.
 
-Each function takes validated identifiers (and window bounds) and returns SQL text with ``$n``
+Each function takes validated identifiers (and a window's region) and returns SQL text with ``$n``
 placeholders plus the parameters to bind. Nothing here opens a connection.
 """
 
@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from idem_assets.lib.batch_sql import (
-    Bound,
     Statement,
     partition_case,
     quoted_columns,
-    window_predicate,
+    region_predicate,
 )
 from idem_assets.lib.identifiers import quote
+from idem_assets.lib.windows import Cell, Region
 
 _PLACEHOLDER = re.compile(r"\?")
 
@@ -94,22 +94,18 @@ def create_key_ranges_index(target: str, columns: Sequence[str]) -> str:
     return f"CREATE INDEX ON {target} USING brin ({cols}) WITH (autosummarize = on)"
 
 
-def count_window(
-    target: str, partition_column: str | None, spans: Sequence[tuple[Bound, Bound]]
-) -> Statement:
+def count_window(target: str, region: Region) -> Statement:
     """Rows currently in the window (the whole table when unpartitioned)."""
-    if partition_column is None:
+    if not region:
         return f"SELECT count(*) FROM {target}", []
-    pred, params = window_predicate(partition_column, spans)
+    pred, params = region_predicate(region)
     return numbered((f"SELECT count(*) FROM {target} WHERE {pred}", params))
 
 
-def count_by_partition(
-    target: str, partition_column: str, partitions: Sequence[tuple[str, Bound, Bound]]
-) -> Statement:
+def count_by_partition(target: str, cells: Sequence[Cell]) -> Statement:
     """Rows of ``target`` in each partition: rows of ``(key, count)``, empty ones absent."""
-    case, params = partition_case(partition_column, partitions)
-    pred, where_params = window_predicate(partition_column, [(s, e) for _, s, e in partitions])
+    case, params = partition_case(cells)
+    pred, where_params = region_predicate(tuple(box for _, box in cells))
     return numbered(
         (
             f"SELECT {case} AS partition_key, count(*) FROM {target} WHERE {pred} GROUP BY 1",
@@ -118,9 +114,9 @@ def count_by_partition(
     )
 
 
-def delete_window(target: str, column: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
+def delete_window(target: str, region: Region) -> Statement:
     """Delete the window's rows (the overwrite's first half; never touches other partitions)."""
-    pred, params = window_predicate(column, spans)
+    pred, params = region_predicate(region)
     return numbered((f"DELETE FROM {target} WHERE {pred}", params))
 
 
@@ -160,8 +156,7 @@ def merge_counts(
     keys: str,
     key: Sequence[str],
     ranges: Sequence[tuple[Any, Any]],
-    partition_column: str | None,
-    spans: Sequence[tuple[Bound, Bound]],
+    region: Region,
 ) -> Statement:
     """Target rows whose key the batch holds: inside the window, and *outside* it.
 
@@ -169,9 +164,9 @@ def merge_counts(
     holds each key column's least and greatest value in the batch.
     """
     hit, hit_params = _key_in(keys, key, ranges)
-    if partition_column is None:
+    if not region:
         return numbered((f"SELECT count(*), 0 FROM {target} t WHERE {hit}", hit_params))
-    pred_t, params = window_predicate(partition_column, spans, alias="t")
+    pred_t, params = region_predicate(region, alias="t")
     return numbered(
         (
             f"SELECT count(*) FILTER (WHERE {pred_t}), count(*) FILTER (WHERE NOT {pred_t})"
@@ -186,11 +181,10 @@ def matched_by_partition(
     keys: str,
     key: Sequence[str],
     ranges: Sequence[tuple[Any, Any]],
-    partition_column: str,
-    partitions: Sequence[tuple[str, Bound, Bound]],
+    cells: Sequence[Cell],
 ) -> Statement:
     """Target rows whose key the batch holds, per partition (NULL: outside them all)."""
-    case, params = partition_case(partition_column, partitions)
+    case, params = partition_case(cells, alias="t")
     hit, hit_params = _key_in(keys, key, ranges)
     return numbered(
         (
@@ -205,13 +199,12 @@ def keys_outside_window_sample(
     keys: str,
     key: Sequence[str],
     ranges: Sequence[tuple[Any, Any]],
-    partition_column: str,
-    spans: Sequence[tuple[Bound, Bound]],
+    region: Region,
     limit: int = 5,
 ) -> Statement:
     """Existing rows outside the window whose key the batch also holds."""
     hit, hit_params = _key_in(keys, key, ranges)
-    pred_t, params = window_predicate(partition_column, spans, alias="t")
+    pred_t, params = region_predicate(region, alias="t")
     return numbered(
         (
             f"SELECT t.* FROM {target} t WHERE {hit} AND NOT {pred_t} LIMIT {int(limit)}",
@@ -220,16 +213,11 @@ def keys_outside_window_sample(
     )
 
 
-def select_rows(
-    target: str,
-    columns: Sequence[str],
-    partition_column: str | None,
-    spans: Sequence[tuple[Bound, Bound]],
-) -> Statement:
+def select_rows(target: str, columns: Sequence[str], region: Region) -> Statement:
     """The window's rows (the whole table without one) in no particular order, to hash."""
     where, params = "", []
-    if partition_column is not None and spans:
-        pred, params = window_predicate(partition_column, spans)
+    if region:
+        pred, params = region_predicate(region)
         where = f" WHERE {pred}"
     return numbered((f"SELECT {', '.join(quoted_columns(columns))} FROM {target}{where}", params))
 
@@ -239,15 +227,14 @@ def rows_without_keys(
     columns: Sequence[str],
     keys: str,
     key: Sequence[str],
-    partition_column: str | None,
-    spans: Sequence[tuple[Bound, Bound]],
+    region: Region,
 ) -> Statement:
     """The window's rows whose key ``keys`` does not hold: those an upsert keeps."""
     kc = quoted_columns(key)
     cond = " AND ".join(f"k.{c} = t.{c}" for c in kc)
     where, params = "", []
-    if partition_column is not None and spans:
-        pred, params = window_predicate(partition_column, spans, alias="t")
+    if region:
+        pred, params = region_predicate(region, alias="t")
         where = f"{pred} AND "
     cols = ", ".join(f"t.{c}" for c in quoted_columns(columns))
     return numbered(
@@ -260,18 +247,15 @@ def rows_without_keys(
 
 
 def select_window(
-    target: str,
-    partition_column: str | None,
-    spans: Sequence[tuple[Bound, Bound]],
-    nothing: bool,
+    target: str, partition_columns: Sequence[str], region: Region, nothing: bool
 ) -> Statement:
-    """The window's rows in partition order: the half-open predicate runs on the server."""
+    """The window's rows in partition order: the region's predicate runs on the server."""
     where, params, order = "", [], ""
-    if partition_column:
-        order = f" ORDER BY {quote(partition_column)}"
+    if partition_columns:
+        order = f" ORDER BY {', '.join(quoted_columns(partition_columns))}"
     if nothing:
         where = " WHERE false"
-    elif partition_column and spans:
-        pred, params = window_predicate(partition_column, spans)
+    elif region:
+        pred, params = region_predicate(region)
         where = f" WHERE {pred}"
     return numbered((f"SELECT * FROM {target}{where}{order}", params))
