@@ -54,12 +54,17 @@ def stored(root: str) -> list[tuple]:
     return sorted(zip(*found.to_pydict().values(), strict=True))
 
 
+def of_region(batch: pa.Table, region: str) -> pa.Table:
+    """``batch`` moved to ``region``."""
+    return batch.set_column(2, "region", pa.array([region] * batch.num_rows, pa.string()))
+
+
 def awkward_rows(key: str, version: int = 0) -> pa.Table:
     """``sales`` of the awkward region ``key``, ids unique to it."""
     batch = sales(DAYS[0], "east", version)
     ids = pa.array([i + 1_000 * AWKWARD.index(key) for i in batch.column("sale_id").to_pylist()])
     batch = batch.set_column(0, "sale_id", ids)
-    return batch.set_column(2, "region", pa.array([key] * batch.num_rows, pa.string()))
+    return of_region(batch, key)
 
 
 def files_by_partition(root: str) -> dict[tuple[tuple[str, Any], ...], set[str]]:
@@ -170,3 +175,14 @@ def test_writers_of_one_category_leave_exactly_one_batch(tmp_path: Path) -> None
     north = [r for r in stored(root) if r[2] == "north"]
     assert north in (rows_of(sales(DAYS[0], "north", 1)), rows_of(sales(DAYS[0], "north", 2)))
     assert len(stored(root)) == 3 * ROWS
+
+
+def test_an_empty_key_of_a_partition_column_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """Delta stores '' in a partition column as NULL: the rows would leave their partition."""
+    root, blank = str(tmp_path), dg.StaticPartitionsDefinition(["", "east"])
+    publish(root, sales(DAYS[0], "east"), blank, ONE_DIM, "east")
+    version = DeltaTable(f"{root}/main/sales").version()
+    with pytest.raises(ia.ConfigurationError, match="is the empty string, which Delta Lake"):
+        publish(root, of_region(sales(DAYS[0], "east"), ""), blank, ONE_DIM, "")
+    assert DeltaTable(f"{root}/main/sales").version() == version
+    assert stored(root) == rows_of(sales(DAYS[0], "east"))

@@ -49,7 +49,7 @@ from idem_assets.lib.backends.protocol import (
     Staged,
     Target,
 )
-from idem_assets.lib.errors import SchemaMismatchError
+from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
 from idem_assets.lib.identifiers import quote, validate_identifier
 from idem_assets.lib.samples import sample_text
 from idem_assets.lib.schema_fit import (
@@ -531,9 +531,14 @@ class DeltaBackend:
         name = OWNER_PREFIX + settings.asset
         return f"deltalake.DeltaTable({uri!r}).alter.set_table_name({name!r})"
 
-    def _prepared(self) -> pa.Table:
-        """The batch to write: stored names and types."""
+    def _prepared(self, scope: Scope) -> pa.Table:
+        """The batch to write (stored names and types), once its keys can be stored."""
         assert self._write_batch is not None
+        snap = self._current()
+        partition_by = snap.partition_by if snap.table is not None else None
+        if partition_by is None:
+            partition_by = delta_partitions(scope.settings, self._write_batch)
+        _refuse_empty_category(scope, partition_by)
         return self._write_batch
 
     def _predicate(self, scope: Scope, alias: str | None = None) -> str | None:
@@ -545,7 +550,7 @@ class DeltaBackend:
 
     def replace(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
         """Hold back one predicate overwrite of the window (the whole table when unpartitioned)."""
-        batch = self._prepared()
+        batch = self._prepared(scope)
         snap = self._current()
         on_stage("deleted")
         predicate = self._predicate(scope)
@@ -572,7 +577,7 @@ class DeltaBackend:
     def merge(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
         """Hold back one ``DeltaTable.merge``: update matched, insert new, delete in the window."""
         settings = scope.settings
-        batch = self._prepared()
+        batch = self._prepared(scope)
         if settings.dedupe_order_by:
             columns = list(batch.column_names)
             order_by = settings.dedupe_order_by
@@ -726,6 +731,22 @@ class DeltaBackend:
             where = f" WHERE {pred}"
         relation = self._db().sql(f"SELECT {columns} FROM {target}{where}{order}", params=params)
         return relation.to_arrow_table() if arrow else relation.df()
+
+
+def _refuse_empty_category(scope: Scope, partition_by: Sequence[str]) -> None:
+    """Refuse an empty key of a category column Delta partitions by: it would be stored NULL."""
+    for box in scope.region:
+        for cond in box:
+            if cond.column in partition_by and "" in cond.values:
+                raise ConfigurationError(
+                    f"Refused to write {scope.where}: its key for partition column"
+                    f" '{cond.column}' is the empty string, which Delta Lake stores in a"
+                    " partition column as NULL: the rows would read back in no partition, and"
+                    " a rerun would keep them beside the new ones. Nothing was changed. Fix:"
+                    " give the partition a non-empty key (e.g. 'none' in its"
+                    " dg.StaticPartitionsDefinition, or dynamic partition keys without ''), and"
+                    " its rows that value."
+                )
 
 
 def _file_in_box(files: pa.Table, i: int, box: Box) -> bool | None:
