@@ -440,17 +440,19 @@ class DeltaBackend:
         A file whose rows all lie inside one partition of the window counts whole, one whose
         rows all lie outside it counts nothing; any other file needs its rows read.
         """
-        if not scope.region:
-            return None
         files = self._files()
+        if not scope.region or "num_records" not in files.column_names:
+            return None
         parts: list[tuple[str | None, Box]] = list(scope.cells) or [
             (None, box) for box in scope.region
         ]
+        wanted = {f"{kind}.{c}" for c in scope.pcols for kind in ("min", "max", "partition")}
+        stats = {n: files.column(n).to_pylist() for n in files.column_names if n in wanted}
         counts: Counts = {}
         for i, n in enumerate(files.column("num_records").to_pylist()):
             if n is None:
                 return None
-            placed = [(k, _file_in_box(files, i, box)) for k, box in parts]
+            placed = [(k, _file_in_box(stats, i, box)) for k, box in parts]
             inside = [k for k, verdict in placed if verdict is True]
             if inside:
                 counts[inside[0]] = counts.get(inside[0], 0) + n
@@ -749,28 +751,31 @@ def _refuse_empty_category(scope: Scope, partition_by: Sequence[str]) -> None:
                 )
 
 
-def _file_in_box(files: pa.Table, i: int, box: Box) -> bool | None:
-    """Whether every row of file ``i`` is in ``box`` (True), none is (False), or it is unknown."""
-    verdicts = [_file_meets(files, i, cond) for cond in box]
+def _file_in_box(stats: Mapping[str, list[Any]], i: int, box: Box) -> bool | None:
+    """Whether every row of file ``i`` is in ``box`` (True), none is (False), or it is unknown.
+
+    ``stats`` holds the files' partition values and statistics by column (``min.<column>``).
+    """
+    verdicts = [_file_meets(stats, i, cond) for cond in box]
     if any(v is False for v in verdicts):
         return False
     return True if all(v is True for v in verdicts) else None
 
 
-def _file_meets(files: pa.Table, i: int, cond: Condition) -> bool | None:
+def _file_meets(stats: Mapping[str, list[Any]], i: int, cond: Condition) -> bool | None:
     """Whether every row of file ``i`` meets ``cond`` (True), none does (False), or unknown."""
-    names = set(files.column_names)
     if cond.values:
         # A category is known from the file's partition value; text statistics may be
         # truncated, so a category column Delta does not partition by is read.
-        if f"partition.{cond.column}" not in names:
+        values = stats.get(f"partition.{cond.column}")
+        if values is None:
             return None
-        value = files.column(f"partition.{cond.column}")[i].as_py()
-        return value is not None and str(value) in {str(v) for v in cond.values}
-    low_name, high_name = f"min.{cond.column}", f"max.{cond.column}"
-    if low_name not in names or high_name not in names:
+        # Partition values may come back as text: compare both sides as text.
+        return values[i] is not None and str(values[i]) in {str(v) for v in cond.values}
+    lows, highs = stats.get(f"min.{cond.column}"), stats.get(f"max.{cond.column}")
+    if lows is None or highs is None:
         return None
-    low, high = files.column(low_name)[i].as_py(), files.column(high_name)[i].as_py()
+    low, high = lows[i], highs[i]
     if low is None or high is None:
         return None
     # Delta keeps timestamp statistics in milliseconds, truncated: the true maximum lies
