@@ -6,23 +6,26 @@ So the publish reads one snapshot of the table, fits the batch to it on Arrow ty
 staged batch against it in an embedded DuckDB (the batch and the window read from Delta
 registered as Arrow), and the write
 itself is held back until the transaction ends, where it becomes exactly one commit: a predicate
-overwrite of the window (``>= start AND < end`` per span, typed literals), or one
-``DeltaTable.merge``. A crash at any stage before that commit leaves the table at its old
+overwrite of the window (per box of its region: ``>= start AND < end`` per span and
+``column IN (...)`` per category, typed literals), or one ``DeltaTable.merge`` scoped the same
+way. A crash at any stage before that commit leaves the table at its old
 version. A commit that loses to a concurrent writer of the same files raises
 :class:`~idem_assets.lib.backends.protocol.CommitConflict`, and the publish starts over on the
 new version.
 
 Layout: ``<root>/<schema>/<table>``, partitioned by a derived day column (:data:`DAY_COLUMN`,
-the partition value's date, in UTC for time-zone-aware columns), so writers of different days
-touch different files and both commit. The column is the library's own: it never reaches a
-fingerprint, the schema checks or ``load_input``. The owning asset is the table's name in its
+the time column's date, in UTC for time-zone-aware columns) when the partitions have a time
+dimension, then by each category (static or dynamic) dimension's own column
+(:func:`delta_partitions`), so writers of different partitions touch different files and both
+commit. The day column is the library's own: it never reaches a fingerprint, the schema checks
+or ``load_input``. The owning asset is the table's name in its
 Delta metadata (:data:`OWNER_PREFIX` and the asset key), set by the commit that creates the
 table and read with the snapshot before any write.
 """
 
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
@@ -38,8 +41,15 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
 from idem_assets.lib.backends.delta_types import DELTA_TYPES
-from idem_assets.lib.backends.protocol import CommitConflict, Counts, Scope, Staged, Target
-from idem_assets.lib.errors import SchemaMismatchError
+from idem_assets.lib.backends.protocol import (
+    CommitConflict,
+    Counts,
+    PartitionColumns,
+    Scope,
+    Staged,
+    Target,
+)
+from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
 from idem_assets.lib.identifiers import quote, validate_identifier
 from idem_assets.lib.samples import sample_text
 from idem_assets.lib.schema_fit import (
@@ -50,8 +60,16 @@ from idem_assets.lib.schema_fit import (
     schema_changes,
     stored_batch,
 )
-from idem_assets.lib.settings import WriteSettings
-from idem_assets.lib.windows import Bound, WriteWindow, spans_for
+from idem_assets.lib.settings import WriteSettings, spelt_partitions
+from idem_assets.lib.windows import (
+    Bound,
+    Box,
+    Condition,
+    Region,
+    WriteWindow,
+    as_pairs,
+    region_for,
+)
 
 #: The derived partition column; not a plain identifier, so no user column can be called so.
 DAY_COLUMN = "idem-day"
@@ -86,6 +104,17 @@ def literal(value: Bound, column_type: pa.DataType) -> str:
         day = value.date() if isinstance(value, datetime) else value
         return f"arrow_cast('{day.isoformat()}', 'Date32')"
     raise TypeError(f"no Delta literal for a partition column of type {column_type}")
+
+
+def category_literal(value: object) -> str:
+    """A category value as a Delta literal: text quoted (quotes doubled), an integer as digits."""
+    # Delta predicates are text: there is nothing to bind. Delta's SQL reads a backslash as
+    # itself, so doubling the quote is the whole escape and no value can end the literal.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no Delta literal for the category value {value!r}")
 
 
 def _day(value: Bound) -> date:
@@ -129,18 +158,80 @@ def window_predicate(
     return "(" + " OR ".join(parts) + ")"
 
 
+def region_predicate(
+    region: Region,
+    types: Mapping[str, pa.DataType],
+    alias: str | None = None,
+    partitioned: bool = True,
+) -> str:
+    """The region as a Delta predicate: any of its boxes (see :func:`box_predicate`)."""
+    return "(" + " OR ".join(box_predicate(box, types, alias, partitioned) for box in region) + ")"
+
+
+def box_predicate(
+    box: Box, types: Mapping[str, pa.DataType], alias: str | None = None, partitioned: bool = True
+) -> str:
+    """Rows meeting every condition: the time spans (:func:`window_predicate`), ``IN`` lists."""
+    prefix = f"{alias}." if alias else ""
+    conjuncts = []
+    for cond in box:
+        if cond.spans:
+            conjuncts.append(
+                window_predicate(cond.column, types[cond.column], cond.spans, alias, partitioned)
+            )
+        else:
+            c = f"{prefix}`{validate_identifier(cond.column, 'partition column')}`"
+            values = ", ".join(category_literal(v) for v in cond.values)
+            conjuncts.append(f"{c} IN ({values})")
+    return "(" + " AND ".join(conjuncts) + ")"
+
+
 def owner_of(table: DeltaTable) -> str | None:
     """The asset that owns ``table``, from its name; ``None`` for a table of another writer."""
     name = table.metadata().name
     return name[len(OWNER_PREFIX) :] if name and name.startswith(OWNER_PREFIX) else None
 
 
-def day_filter(spans: Sequence[tuple[Bound, Bound]]) -> list[list[tuple[str, str, Any]]]:
-    """The window's days as file-pruning filters (one conjunction per span)."""
-    return [
-        [(DAY_COLUMN, ">=", lo), (DAY_COLUMN, "<", hi)]
-        for lo, hi in (day_span(s, e) for s, e in spans)
-    ]
+def region_filter(
+    region: Region, partition_by: Sequence[str]
+) -> list[list[tuple[str, str, Any]]] | None:
+    """The region as file-pruning filters on the table's partition columns, or ``None``.
+
+    One conjunction per box and span: its days (when the table is partitioned by day) and its
+    categories' values (when partitioned by their columns). A box with nothing to prune by
+    needs every file, and so does the region.
+    """
+    conjunctions = []
+    for box in region:
+        days: list[tuple[date, date] | None] = [None]
+        categories: list[tuple[str, str, Any]] = []
+        for cond in box:
+            if cond.spans and DAY_COLUMN in partition_by:
+                days = [day_span(s, e) for s, e in cond.spans]
+            elif cond.values and cond.column in partition_by:
+                categories.append((cond.column, "in", list(cond.values)))
+        for span in days:
+            conjunction = list(categories)
+            if span is not None:
+                conjunction += [(DAY_COLUMN, ">=", span[0]), (DAY_COLUMN, "<", span[1])]
+            if not conjunction:
+                return None
+            conjunctions.append(conjunction)
+    return conjunctions or None
+
+
+def delta_partitions(settings: WriteSettings, batch: pa.Table) -> list[str]:
+    """The partition columns a new table gets: the derived day, then each category column.
+
+    A category dimension's column is a Delta partition column itself: its values are the
+    partition keys, so each key's rows sit in files of their own (as many directories as Dagster
+    has partitions). An overwrite of one key then drops only its files, a read of one key opens
+    only them, and writers of different keys commit side by side, as writers of different days
+    do. A time column is never one (a directory per instant): its day is. Without any
+    partition dimension the table is not partitioned.
+    """
+    day = [DAY_COLUMN] if DAY_COLUMN in batch.column_names else []
+    return day + [c for c in settings.partition_names if c != settings.time_column]
 
 
 def with_day(batch: pa.Table, column: str | None) -> pa.Table:
@@ -163,7 +254,13 @@ class _Snapshot:
     table: DeltaTable | None
     #: Columns as stored, without :data:`DAY_COLUMN`.
     schema: pa.Schema | None
-    partitioned: bool
+    #: The table's Delta partition columns (:data:`DAY_COLUMN` and category columns).
+    partition_by: tuple[str, ...]
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether the table is partitioned by the derived day."""
+        return DAY_COLUMN in self.partition_by
 
 
 class DeltaBackend:
@@ -253,13 +350,13 @@ class DeltaBackend:
         """Open the table's latest version: every later read and the commit use it."""
         uri = self.uri(settings.schema, settings.table)
         table = self._open(uri)
-        schema, owner, partitioned = None, None, False
+        schema, owner, partition_by = None, None, ()
         if table is not None:
             full = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
-            partitioned = DAY_COLUMN in table.metadata().partition_columns
+            partition_by = tuple(table.metadata().partition_columns)
             schema = pa.schema([f for f in full if f.name != DAY_COLUMN])
             owner = owner_of(table)
-        self._snapshot = _Snapshot(uri, table, schema, partitioned)
+        self._snapshot = _Snapshot(uri, table, schema, partition_by)
         return Target(exists=table is not None, owner=owner)
 
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
@@ -279,20 +376,16 @@ class DeltaBackend:
         self._write_batch = stored
         relation = self._put(_TARGET_PREFIX + uuid.uuid4().hex, stored)
         spelt = {f.name.lower(): f.stored_name for f in fits}
-        pcol = settings.partition_expr
         spelt_settings = replace(
-            settings,
-            partition_expr=spelt[pcol.lower()] if pcol else None,
+            spelt_partitions(settings, spelt),
             primary_key=tuple(spelt[k.lower()] for k in settings.primary_key),
             dedupe_order_by=tuple(spelt[k.lower()] for k in settings.dedupe_order_by),
         )
-        ptype = next(
-            (f.stored_type for f in fits if f.stored_name == spelt_settings.partition_expr), None
-        )
+        types = {f.stored_name: f.stored_type for f in fits}
         return Staged(
             relation=relation,
             settings=spelt_settings,
-            partition_type=ptype,
+            partition_types={c: types[c] for c in spelt_settings.partition_names},
             changes=tuple(changes),
         )
 
@@ -320,20 +413,20 @@ class DeltaBackend:
     def _register(
         self,
         table: DeltaTable,
-        partitioned: bool,
-        spans: Sequence[tuple[Bound, Bound]] | None,
+        partition_by: Sequence[str],
+        region: Region,
         pruning: list[list[tuple[str, str, Any]]] | None = None,
     ) -> str:
-        """Register ``table`` (only the window's days' files when ``spans``) in the evaluator."""
-        if spans and partitioned:
-            pruning = day_filter(spans)
+        """Register ``table`` (only the files the region's partitions can be in) for reads."""
+        if region:
+            pruning = region_filter(region, partition_by)
         dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)  # type: ignore[arg-type]
         return self._put(_TARGET_PREFIX + uuid.uuid4().hex, dataset)
 
     def _target(self, scope: Scope, whole: bool = False) -> str:
         snap = self._current()
         assert snap.table is not None
-        return self._register(snap.table, snap.partitioned, None if whole else scope.spans)
+        return self._register(snap.table, snap.partition_by, () if whole else scope.region)
 
     def _files(self) -> pa.Table:
         """The snapshot's data files with their row counts and column statistics."""
@@ -344,33 +437,28 @@ class DeltaBackend:
     def _counted_from_statistics(self, scope: Scope) -> Counts | None:
         """The window's row counts from the files' statistics, or ``None`` if a scan must tell.
 
-        A file whose partition values all lie inside one partition of the window counts whole,
-        one whose values all lie outside counts nothing; any other file needs its rows read.
+        A file whose rows all lie inside one partition of the window counts whole, one whose
+        rows all lie outside it counts nothing; any other file needs its rows read.
         """
-        files, pcol = self._files(), scope.pcol
-        needed = {"num_records", f"min.{pcol}", f"max.{pcol}"}
-        if pcol is None or not needed <= set(files.column_names):
+        files = self._files()
+        if not scope.region or "num_records" not in files.column_names:
             return None
-        parts = scope.bounds or [(None, start, end) for start, end in scope.spans]
+        parts: list[tuple[str | None, Box]] = list(scope.cells) or [
+            (None, box) for box in scope.region
+        ]
+        wanted = {f"{kind}.{c}" for c in scope.pcols for kind in ("min", "max", "partition")}
+        stats = {n: files.column(n).to_pylist() for n in files.column_names if n in wanted}
         counts: Counts = {}
-        rows = files.column("num_records").to_pylist()
-        lows = files.column(f"min.{pcol}").to_pylist()
-        highs = files.column(f"max.{pcol}").to_pylist()
-        # Delta keeps timestamp statistics in milliseconds, truncated: the true maximum lies
-        # below the recorded one plus a millisecond.
-        slack = (
-            timedelta(milliseconds=1) if isinstance(highs[0] if highs else None, datetime) else None
-        )
-        for n, low, high in zip(rows, lows, highs, strict=True):
-            if n is None or low is None or high is None:
+        for i, n in enumerate(files.column("num_records").to_pylist()):
+            if n is None:
                 return None
-            above = high + slack if slack else high + timedelta(days=1)
-            inside = [k for k, start, end in parts if start <= low and above <= end]
+            placed = [(k, _file_in_box(stats, i, box)) for k, box in parts]
+            inside = [k for k, verdict in placed if verdict is True]
             if inside:
                 counts[inside[0]] = counts.get(inside[0], 0) + n
-            elif any(above > start and low < end for _, start, end in parts):
+            elif any(verdict is None for _, verdict in placed):
                 return None
-        if not scope.bounds:
+        if not scope.cells:
             return {None: counts.get(None, 0)}
         return counts
 
@@ -399,26 +487,26 @@ class DeltaBackend:
         if counted is not None:
             return counted
         target, conn = self._target(scope), self._db()
-        if scope.bounds and scope.pcol:
-            q, p = sql.count_by_partition(target, scope.pcol, scope.bounds)
+        if scope.cells:
+            q, p = sql.count_by_partition(target, scope.cells)
             return dict(conn.execute(q, p).fetchall())
-        q, p = sql.count_window(target, scope.pcol, scope.spans)
+        q, p = sql.count_window(target, scope.region)
         return {None: conn.execute(q, p).fetchall()[0][0]}
 
     def count_keys(self, scope: Scope) -> tuple[Counts, int]:
         """For a merge, the window's rows whose key the batch holds, and those elsewhere."""
         if scope.settings.mode != "merge" or not scope.table_exists:
             return {}, 0
-        conn, key, pcol = self._db(), scope.key, scope.pcol
+        conn, key = self._db(), scope.key
         snap = self._current()
         assert snap.table is not None
-        target = self._register(snap.table, snap.partitioned, None, self._key_pruning(scope))
+        target = self._register(snap.table, snap.partition_by, (), self._key_pruning(scope))
         source = scope.staged.relation
-        if scope.bounds and pcol:
-            q, p = sql.matched_by_partition(target, source, key, pcol, scope.bounds)
+        if scope.cells:
+            q, p = sql.matched_by_partition(target, source, key, scope.cells)
             matched: Counts = dict(conn.execute(q, p).fetchall())
             return matched, matched.pop(None, 0)
-        q, p = sql.merge_counts(target, source, key, pcol, scope.spans)
+        q, p = sql.merge_counts(target, source, key, scope.region)
         in_window, outside_keys = conn.execute(q, p).fetchall()[0]
         return {None: in_window}, outside_keys
 
@@ -428,8 +516,7 @@ class DeltaBackend:
             self._target(scope, whole=True),
             scope.staged.relation,
             scope.key,
-            str(scope.pcol),
-            scope.spans,
+            scope.region,
         )
         return sample_text(self._db(), q, p)
 
@@ -446,23 +533,30 @@ class DeltaBackend:
         name = OWNER_PREFIX + settings.asset
         return f"deltalake.DeltaTable({uri!r}).alter.set_table_name({name!r})"
 
-    def _prepared(self, scope: Scope) -> tuple[pa.Table, pa.DataType | None]:
-        """The batch to write (stored names and types, with the day) and the partition type."""
+    def _prepared(self, scope: Scope) -> pa.Table:
+        """The batch to write (stored names and types), once its keys can be stored."""
         assert self._write_batch is not None
-        ptype = scope.staged.partition_type if scope.pcol else None
-        return self._write_batch, ptype
+        snap = self._current()
+        partition_by = snap.partition_by if snap.table is not None else None
+        if partition_by is None:
+            partition_by = delta_partitions(scope.settings, self._write_batch)
+        _refuse_empty_category(scope, partition_by)
+        return self._write_batch
 
-    def _predicate(self, scope: Scope, ptype: pa.DataType, alias: str | None = None) -> str:
-        partitioned = self._snapshot is not None and self._snapshot.partitioned
-        return window_predicate(str(scope.pcol), ptype, scope.spans, alias, partitioned)
+    def _predicate(self, scope: Scope, alias: str | None = None) -> str | None:
+        """The window as a Delta predicate, ``None`` without one (the whole table)."""
+        if not scope.region:
+            return None
+        partitioned = self._current().partitioned
+        return region_predicate(scope.region, scope.staged.partition_types, alias, partitioned)
 
     def replace(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
         """Hold back one predicate overwrite of the window (the whole table when unpartitioned)."""
-        batch, ptype = self._prepared(scope)
+        batch = self._prepared(scope)
         snap = self._current()
         on_stage("deleted")
-        predicate = self._predicate(scope, ptype) if scope.pcol and ptype else None
-        data = with_day(batch, scope.settings.partition_expr)
+        predicate = self._predicate(scope)
+        data = with_day(batch, scope.settings.time_column)
         self._written = data
 
         def commit() -> None:
@@ -485,7 +579,7 @@ class DeltaBackend:
     def merge(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
         """Hold back one ``DeltaTable.merge``: update matched, insert new, delete in the window."""
         settings = scope.settings
-        batch, ptype = self._prepared(scope)
+        batch = self._prepared(scope)
         if settings.dedupe_order_by:
             columns = list(batch.column_names)
             order_by = settings.dedupe_order_by
@@ -493,8 +587,8 @@ class DeltaBackend:
             batch = self._db().sql(q).to_arrow_table()
         snap = self._current()
         on_stage("deleted")
-        data = with_day(batch, settings.partition_expr)
-        window = self._predicate(scope, ptype, "t") if scope.pcol and ptype else None
+        data = with_day(batch, settings.time_column)
+        window = self._predicate(scope, "t")
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in scope.key)
         if window:
             # Scoped to the window: Delta reads and rewrites only its days' files.
@@ -504,7 +598,7 @@ class DeltaBackend:
         def commit() -> None:
             table = snap.table
             if table is None:
-                self._create(scope, snap, data, self._predicate(scope, ptype) if window else None)
+                self._create(scope, snap, data, self._predicate(scope))
                 return
             self._claim(scope, table)
             merger = (
@@ -532,13 +626,12 @@ class DeltaBackend:
         A writer that created it first makes this commit fail (a concurrent metadata change),
         and the publish starts over on that writer's table.
         """
-        partition_by = [DAY_COLUMN] if DAY_COLUMN in data.column_names else None
         write_deltalake(
             snap.uri,
             data,
             mode="overwrite",
             predicate=predicate,
-            partition_by=partition_by,
+            partition_by=delta_partitions(scope.settings, data) or None,
             name=OWNER_PREFIX + scope.settings.asset,
             storage_options=self.storage_options,
         )
@@ -560,10 +653,10 @@ class DeltaBackend:
         assert self._written is not None
         columns = [c for c in self._written.column_names if c != DAY_COLUMN]
         new = self._after(scope, columns)
-        if scope.bounds and scope.pcol:
-            q, p = sql.partition_fingerprints(new, columns, scope.pcol, scope.bounds)
+        if scope.cells:
+            q, p = sql.partition_fingerprints(new, columns, scope.cells)
             return {k: (n, d) for k, n, d in conn.execute(q, p).fetchall()}
-        q, p = sql.fingerprint(new, columns, scope.pcol, scope.spans)
+        q, p = sql.fingerprint(new, columns, scope.region)
         count, digest = conn.execute(q, p).fetchall()[0]
         return {None: (count, digest)}
 
@@ -593,20 +686,25 @@ class DeltaBackend:
         return name
 
     def fingerprint_table(
-        self, schema: str, table: str, partition_column: str | None, window: WriteWindow | None
+        self,
+        schema: str,
+        table: str,
+        partition_columns: PartitionColumns,
+        window: WriteWindow | None,
     ) -> tuple[int, int] | None:
         """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
         found = self._open(self.uri(schema, table))
         if found is None:
             return None
         full = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
-        partitioned = DAY_COLUMN in found.metadata().partition_columns
         columns = [f.name for f in full if f.name != DAY_COLUMN]
-        spans: list[tuple[Bound, Bound]] = []
-        if partition_column and window:
-            spans = spans_for(window, full.field(partition_column).type)
-        target = self._register(found, partitioned, spans or None)
-        q, p = sql.fingerprint(target, columns, partition_column if spans else None, spans)
+        region: Region = ()
+        if partition_columns and window:
+            pairs = as_pairs(partition_columns)
+            region = region_for(window, pairs, {c: full.field(c).type for _, c in pairs})
+        partition_by = found.metadata().partition_columns
+        target = self._register(found, partition_by, region)
+        q, p = sql.fingerprint(target, columns, region)
         count, digest = self._db().execute(q, p).fetchall()[0]
         return count, digest
 
@@ -618,21 +716,76 @@ class DeltaBackend:
         if found is None:
             raise RuntimeError(f"no Delta table {settings.schema}.{settings.table}")
         full = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
-        partitioned = DAY_COLUMN in found.metadata().partition_columns
-        pcol = settings.partition_expr
-        spans = spans_for(window, full.field(pcol).type) if window and pcol else []
-        target = self._register(found, partitioned, spans or None)
+        pcols = settings.partition_names
+        region: Region = ()
+        if window and pcols:
+            types = {c: full.field(c).type for c in pcols}
+            region = region_for(window, settings.partition_columns, types)
+        target = self._register(found, found.metadata().partition_columns, region)
         columns = ", ".join(quote(f.name) for f in full if f.name != DAY_COLUMN)
         where, params, order = "", [], ""
-        if pcol:
-            order = f" ORDER BY {quote(pcol)}"
+        if pcols:
+            order = " ORDER BY " + ", ".join(quote(c) for c in pcols)
         if nothing:
             where = " WHERE false"
-        elif spans and pcol:
-            pred, params = batch_sql.window_predicate(pcol, spans)
+        elif region:
+            pred, params = batch_sql.region_predicate(region)
             where = f" WHERE {pred}"
         relation = self._db().sql(f"SELECT {columns} FROM {target}{where}{order}", params=params)
         return relation.to_arrow_table() if arrow else relation.df()
+
+
+def _refuse_empty_category(scope: Scope, partition_by: Sequence[str]) -> None:
+    """Refuse an empty key of a category column Delta partitions by: it would be stored NULL."""
+    for box in scope.region:
+        for cond in box:
+            if cond.column in partition_by and "" in cond.values:
+                raise ConfigurationError(
+                    f"Refused to write {scope.where}: its key for partition column"
+                    f" '{cond.column}' is the empty string, which Delta Lake stores in a"
+                    " partition column as NULL: the rows would read back in no partition, and"
+                    " a rerun would keep them beside the new ones. Nothing was changed. Fix:"
+                    " give the partition a non-empty key (e.g. 'none' in its"
+                    " dg.StaticPartitionsDefinition, or dynamic partition keys without ''), and"
+                    " its rows that value."
+                )
+
+
+def _file_in_box(stats: Mapping[str, list[Any]], i: int, box: Box) -> bool | None:
+    """Whether every row of file ``i`` is in ``box`` (True), none is (False), or it is unknown.
+
+    ``stats`` holds the files' partition values and statistics by column (``min.<column>``).
+    """
+    verdicts = [_file_meets(stats, i, cond) for cond in box]
+    if any(v is False for v in verdicts):
+        return False
+    return True if all(v is True for v in verdicts) else None
+
+
+def _file_meets(stats: Mapping[str, list[Any]], i: int, cond: Condition) -> bool | None:
+    """Whether every row of file ``i`` meets ``cond`` (True), none does (False), or unknown."""
+    if cond.values:
+        # A category is known from the file's partition value; text statistics may be
+        # truncated, so a category column Delta does not partition by is read.
+        values = stats.get(f"partition.{cond.column}")
+        if values is None:
+            return None
+        # Partition values may come back as text: compare both sides as text.
+        return values[i] is not None and str(values[i]) in {str(v) for v in cond.values}
+    lows, highs = stats.get(f"min.{cond.column}"), stats.get(f"max.{cond.column}")
+    if lows is None or highs is None:
+        return None
+    low, high = lows[i], highs[i]
+    if low is None or high is None:
+        return None
+    # Delta keeps timestamp statistics in milliseconds, truncated: the true maximum lies
+    # below the recorded one plus a millisecond.
+    above = high + (timedelta(milliseconds=1) if isinstance(high, datetime) else timedelta(days=1))
+    if any(start <= low and above <= end for start, end in cond.spans):
+        return True
+    if any(above > start and low < end for start, end in cond.spans):
+        return None
+    return False
 
 
 def _refuse_widening(
