@@ -1,4 +1,4 @@
-"""Fixtures every test directory may use: a real PostgreSQL server for the session."""
+"""Fixtures every test directory may use (a real PostgreSQL server), and the environment."""
 
 import os
 import uuid
@@ -8,6 +8,16 @@ import pytest
 from postgres_server import PostgresServer, PostgresUnavailableError, find_bin_dir
 
 from idem_assets.lib.backends.postgres import PostgresLocation
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the suite off the instance `make` exports (DAGSTER_HOME=.dagster_home).
+
+    Loading the code location stores the warehouse pool in $DAGSTER_HOME's instance
+    (idem_assets/defs/pools.py): every worker would write the developer's SQLite instance at
+    once. Tests that want an instance make their own under tmp_path.
+    """
+    os.environ.pop("DAGSTER_HOME", None)
 
 
 @pytest.fixture(scope="session")
