@@ -1,4 +1,4 @@
-"""Fixtures every test directory may use (a real PostgreSQL server), and the environment."""
+"""Fixtures every test directory may use (a real PostgreSQL server), and how tests share workers."""
 
 import os
 import uuid
@@ -9,6 +9,11 @@ from postgres_server import PostgresServer, PostgresUnavailableError, find_bin_d
 
 from idem_assets.lib.backends.postgres import PostgresLocation
 
+#: Tests that start dagster-daemon, the webserver or Chromium run one after another on one
+#: worker (`make test` runs two, pytest-xdist's loadgroup): two daemons' start-ups and ticks at
+#: once would only slow both, while in-process tests fill the other core.
+SERVICE_DIRS = ("e2e", "browser")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Keep the suite off the instance `make` exports (DAGSTER_HOME=.dagster_home).
@@ -18,6 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
     once. Tests that want an instance make their own under tmp_path.
     """
     os.environ.pop("DAGSTER_HOME", None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put every test of a service-starting directory in one xdist group."""
+    for item in items:
+        if item.path.parent.name in SERVICE_DIRS:
+            item.add_marker(pytest.mark.xdist_group("services"))
 
 
 @pytest.fixture(scope="session")
