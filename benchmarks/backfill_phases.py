@@ -32,6 +32,8 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+# tests/e2e/dagster_services.py imports its sibling tests/ports.py as pytest runs it.
+sys.path.append(str(REPO_ROOT / "tests"))
 
 from idem_assets.defs.partitions import DAILY  # noqa: E402
 from tests.e2e.dagster_services import (  # noqa: E402

@@ -26,6 +26,8 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+# tests/e2e/dagster_services.py imports its sibling tests/ports.py as pytest runs it.
+sys.path.append(str(REPO_ROOT / "tests"))
 
 from idem_assets import landing  # noqa: E402
 from idem_assets.defs.partitions import DAILY, WAREHOUSE_POOL  # noqa: E402

@@ -2,8 +2,11 @@
 # Run the whole suite. pytest exits 5 when it collected no test: that is a failure here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# The slowest tests, so the suite can be kept inside its time budget as it grows.
-.venv/bin/python -m pytest --durations=30 "$@"
+# Two workers: the daemon, webserver and browser tests wait on ticks and polls most of the time,
+# so in-process tests run beside them on the other core (tests/conftest.py keeps the service
+# tests on one worker; tests/ports.py lets servers of both workers race for ports safely). The
+# slowest tests are listed to keep the suite inside its time budget.
+.venv/bin/python -m pytest -n 2 --dist loadgroup --durations=30 "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: failing the run" >&2

@@ -1,4 +1,4 @@
-"""Fixtures every test directory may use: a real PostgreSQL server for the session."""
+"""Fixtures every test directory may use (a real PostgreSQL server), and how tests share workers."""
 
 import os
 import uuid
@@ -6,8 +6,51 @@ from collections.abc import Iterator
 
 import pytest
 from postgres_server import PostgresServer, PostgresUnavailableError, find_bin_dir
+from xdist.remote import Producer
+from xdist.scheduler import LoadGroupScheduling, Scheduling
 
 from idem_assets.lib.backends.postgres import PostgresLocation
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the suite off the instance `make` exports (DAGSTER_HOME=.dagster_home).
+
+    Loading the code location stores the warehouse pool in $DAGSTER_HOME's instance
+    (idem_assets/defs/pools.py): every worker would write the developer's SQLite instance at
+    once. Tests that want an instance make their own under tmp_path.
+    """
+    os.environ.pop("DAGSTER_HOME", None)
+
+
+#: Tests that start dagster-daemon, the webserver or Chromium run one after another on one
+#: worker (`make test` runs two, `--dist loadgroup`): two daemons' start-ups and ticks at once
+#: would only slow both, while in-process tests fill the other core.
+SERVICE_DIRS = ("tests/e2e/", "tests/browser/")
+SERVICE_GROUP = "services"
+
+
+class ServiceGroupScheduling(LoadGroupScheduling):
+    """pytest-xdist's loadgroup, with every test under SERVICE_DIRS in one group by its path.
+
+    An `xdist_group` mark groups nothing here: pytest-xdist 3.8 appends the group to
+    `item._nodeid`, which pytest 9.2 no longer reads (its node ids live in `item._id`), so the
+    marked tests were spread over both workers like any others.
+    """
+
+    def _split_scope(self, nodeid: str) -> str:
+        """Return the group of a node id: the service group, else loadgroup's own."""
+        if nodeid.startswith(SERVICE_DIRS):
+            return SERVICE_GROUP
+        return super()._split_scope(nodeid)
+
+
+# tryfirst: the hook takes the first scheduler returned, and pytest-xdist's own returns one.
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Scheduling | None:
+    """Schedule `--dist loadgroup` runs with the service group; leave other modes alone."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return ServiceGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from typing import Any, Self
 
 import psycopg2
 import psycopg2.extensions
+from ports import PortChooser, PortTakenError, bind_failed, free_port, start_on_a_free_port
 
 # Debian installs each major version side by side; the newest wins.
 DEBIAN_BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -37,7 +37,6 @@ BIN_ENV = "IDEM_PG_BIN"
 SERVER_USER = "postgres"
 SUPERUSER = "idem"
 DEFAULT_DB = "postgres"
-START_ATTEMPTS = 3
 
 
 class PostgresUnavailableError(RuntimeError):
@@ -80,13 +79,6 @@ def _debian_bin_dirs() -> list[Path]:
         return int(version) if version.isdigit() else -1
 
     return sorted(dirs, key=major, reverse=True)
-
-
-def _free_port() -> int:
-    """Return a port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def process_alive(pid: int) -> bool:
@@ -161,8 +153,17 @@ class PostgresServer:
     dbname: str = DEFAULT_DB
 
     @classmethod
-    def start(cls, bin_dir: Path | None = None, *, timeout_s: float = 60.0) -> Self:
-        """Create a cluster in a new temp dir and start it on a free loopback port."""
+    def start(
+        cls,
+        bin_dir: Path | None = None,
+        *,
+        timeout_s: float = 60.0,
+        choose_port: PortChooser = free_port,
+    ) -> Self:
+        """Create a cluster in a new temp dir and start it on a free loopback port.
+
+        A port another process binds first is replaced by the next ``choose_port()``.
+        """
         bin_dir = bin_dir or find_bin_dir()
         run_as = _RunAs.for_current_user()
         # Not under pytest's basetemp: that is 0700 root, which the postgres user cannot enter.
@@ -173,7 +174,10 @@ class PostgresServer:
         atexit.register(server.stop)
         try:
             server._initdb(run_as, timeout_s)
-            server._start_on_a_free_port(run_as, timeout_s)
+            start_on_a_free_port(
+                lambda port: server._start_on(port, run_as, timeout_s), choose_port
+            )
+            server._check_answers_as_itself()
         except BaseException:
             server.stop()
             raise
@@ -308,46 +312,70 @@ class PostgresServer:
         finally:
             pwfile.unlink(missing_ok=True)
 
-    def _start_on_a_free_port(self, run_as: _RunAs, timeout_s: float) -> None:
-        """Start the server, retrying on another port if the free one was taken meanwhile."""
-        for attempt in range(1, START_ATTEMPTS + 1):
-            self.port = _free_port()
-            options = " ".join(
+    def _start_on(self, port: int, run_as: _RunAs, timeout_s: float) -> None:
+        """Start the server on ``port``; raise PortTakenError if another process holds it."""
+        self.port = port
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        options = " ".join(
+            [
+                f"-p {port}",
+                "-c listen_addresses=127.0.0.1",
+                # The socket goes in our temp dir, not in /var/run/postgresql.
+                f"-k {self.root}",
+                # A test cluster: durability is not worth the fsyncs on a shared machine.
+                "-c fsync=off",
+                "-c synchronous_commit=off",
+                "-c full_page_writes=off",
+                "-c max_connections=200",
+            ]
+        )
+        try:
+            self._run(
+                run_as,
                 [
-                    f"-p {self.port}",
-                    "-c listen_addresses=127.0.0.1",
-                    # The socket goes in our temp dir, not in /var/run/postgresql.
-                    f"-k {self.root}",
-                    # A test cluster: durability is not worth the fsyncs on a shared machine.
-                    "-c fsync=off",
-                    "-c synchronous_commit=off",
-                    "-c full_page_writes=off",
-                    "-c max_connections=200",
-                ]
+                    "pg_ctl",
+                    "start",
+                    "-D",
+                    str(self.data_dir),
+                    "-l",
+                    str(self.log_path),
+                    "-o",
+                    options,
+                    "-w",
+                    "-t",
+                    str(int(timeout_s)),
+                ],
+                timeout_s + 10,
             )
-            try:
-                self._run(
-                    run_as,
-                    [
-                        "pg_ctl",
-                        "start",
-                        "-D",
-                        str(self.data_dir),
-                        "-l",
-                        str(self.log_path),
-                        "-o",
-                        options,
-                        "-w",
-                        "-t",
-                        str(int(timeout_s)),
-                    ],
-                    timeout_s + 10,
-                )
-                return
-            except PostgresUnavailableError:
-                log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-                if "could not bind" not in log or attempt == START_ATTEMPTS:
-                    raise
+        except PostgresUnavailableError as error:
+            if bind_failed(self._log_since(log_offset)):
+                raise PortTakenError(f"PostgreSQL port {port} was taken") from error
+            raise
+
+    def _log_since(self, offset: int) -> str:
+        """The server log from ``offset`` on: one attempt's lines, not those before it."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _check_answers_as_itself(self) -> None:
+        """Raise unless the server on our port serves our data directory."""
+        try:
+            with connect(**self.connect_kwargs()) as conn, conn.cursor() as cur:
+                cur.execute("SHOW data_directory")
+                row = cur.fetchone()
+        except psycopg2.Error as error:
+            raise PostgresUnavailableError(
+                f"The server on port {self.port} refused this cluster's login: {error}"
+            ) from error
+        answered = Path(row[0]) if row else None
+        if answered is None or answered.resolve() != self.data_dir.resolve():
+            raise PostgresUnavailableError(
+                f"The server on port {self.port} serves {answered}, not {self.data_dir}"
+            )
 
     def _run(self, run_as: _RunAs, command: Sequence[str], timeout_s: float) -> None:
         program, *args = command

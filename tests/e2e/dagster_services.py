@@ -4,7 +4,6 @@ import atexit
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
+
+import yaml
+from ports import (
+    PortChooser,
+    PortTakenError,
+    bind_failed,
+    free_port,
+    held_only_by,
+    start_on_a_free_port,
+)
 
 # The binaries of the interpreter running the tests: sys.executable is not resolved, so a venv's
 # python points at the venv's bin rather than at the base interpreter's.
@@ -170,6 +179,13 @@ query Workspace {
     }
     ... on PythonError { message stack }
   }
+}
+"""
+
+# The instance's description; its local artifact storage is DAGSTER_HOME unless configured.
+_INSTANCE_INFO = """
+query InstanceInfo {
+  instance { info }
 }
 """
 
@@ -329,6 +345,12 @@ class DagsterGraphQLClient:
             raise GraphQLError(f"workspaceOrError failed: {_describe_error(payload)}")
         return payload["locationEntries"]
 
+    def instance_home(self) -> str | None:
+        """Return the base directory of the instance the webserver serves, from `instance.info`."""
+        info = self.execute(_INSTANCE_INFO)["instance"]["info"]
+        storage = yaml.safe_load(info or "{}").get("local_artifact_storage")
+        return storage.get("config", {}).get("base_dir") if isinstance(storage, dict) else None
+
     def daemon_statuses(self) -> dict[str, dict[str, Any]]:
         """Return each daemon's status keyed by daemon type."""
         data = self.execute(_DAEMON_HEALTH)
@@ -344,6 +366,14 @@ class _Service:
     process: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
+    # Where this process's output starts in a log that earlier attempts also wrote.
+    log_offset: int = 0
+
+    def output(self) -> str:
+        """Return what this process has written to its log."""
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode(errors="replace")
 
 
 @dataclass(frozen=True)
@@ -397,10 +427,14 @@ class DagsterServices:
     required_daemons: Sequence[str] = DEFAULT_REQUIRED_DAEMONS
     startup_timeout_s: float = 120.0
     shutdown_grace_s: float = 10.0
-    port: int = 0
-    # The production shape: a `dagster code-server start` on this port serves `module`, and the
-    # daemon and webserver load `workspace` (which must point at the port) over gRPC.
-    code_server_port: int | None = None
+    # The production shape: a `dagster code-server start` serves `module`, and the daemon and
+    # webserver load `workspace` over gRPC from $DAGSTER_GRPC_HOST:$DAGSTER_GRPC_PORT, which
+    # process_env() sets to the code server's port (deploy/workspace.yaml reads them).
+    code_server: bool = False
+    # Picks each port to try; a port another process takes first is replaced by the next pick.
+    choose_port: PortChooser = free_port
+    port: int = field(default=0, init=False)
+    code_server_port: int | None = field(default=None, init=False)
     _services: list[_Service] = field(default_factory=list, init=False, repr=False)
     _token: str = field(default_factory=lambda: uuid.uuid4().hex, init=False, repr=False)
     # Kept after stop() so leftover_processes() can still prove the groups are empty.
@@ -450,6 +484,9 @@ class DagsterServices:
         # Every descendant inherits this marker, which finds run workers that left our groups.
         env["IDEM_E2E_SERVICES_TOKEN"] = self._token
         env["PYTHONUNBUFFERED"] = "1"
+        if self.code_server_port is not None:
+            env["DAGSTER_GRPC_HOST"] = "127.0.0.1"
+            env["DAGSTER_GRPC_PORT"] = str(self.code_server_port)
         return env
 
     def __enter__(self) -> Self:
@@ -468,9 +505,7 @@ class DagsterServices:
         """Start both services; wait until the location has loaded and the daemons are healthy."""
         self.dagster_home.mkdir(parents=True, exist_ok=True)
         (self.dagster_home / "dagster.yaml").write_text(self.dagster_yaml)
-        if not self.port:
-            self.port = _free_port()
-        if self.code_server_port is not None:
+        if self.code_server:
             if self.workspace is None or self.module is None:
                 raise ValueError("A code server needs module= to serve and workspace= to load it")
         elif (self.workspace is None) == (self.module is None):
@@ -490,25 +525,21 @@ class DagsterServices:
                 "run",
                 *target,
             ]
-        webserver_cmd = [
-            str(VENV_BIN / "dagster-webserver"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            *target,
-        ]
         deadline = time.monotonic() + self.startup_timeout_s
         self._initialize_storage(deadline)
         # Registered before anything starts so an interpreter exit mid-startup still cleans up.
         atexit.register(self.stop)
         try:
-            if self.code_server_port is not None:
+            if self.code_server:
                 module_target = ["-m", str(self.module), "-d", str(self.working_directory)]
-                self._start_code_server(module_target, deadline)
+                start_on_a_free_port(
+                    lambda port: self._start_code_server(port, module_target, deadline),
+                    self.choose_port,
+                )
             self._spawn("daemon", daemon_cmd, self.daemon_log)
-            self._spawn("webserver", webserver_cmd, self.webserver_log)
-            self._wait_until_ready(deadline)
+            start_on_a_free_port(
+                lambda port: self._start_webserver(port, target, deadline), self.choose_port
+            )
         except BaseException:
             # KeyboardInterrupt included: __exit__ never runs when __enter__ raises.
             self.stop()
@@ -572,7 +603,7 @@ class DagsterServices:
     def log_tails(self) -> str:
         """Return the tail of every service log, for error messages."""
         logs = [self.daemon_log, self.webserver_log]
-        if self.code_server_port is not None:
+        if self.code_server:
             logs.append(self.code_server_log)
         return "\n".join(f"--- {log} ---\n{_tail(log)}" for log in logs)
 
@@ -655,15 +686,17 @@ class DagsterServices:
                 f"`dagster instance migrate` exited {returncode}\n{_tail(log_path)}"
             )
 
-    def _start_code_server(self, module_target: Sequence[str], deadline: float) -> None:
-        """Start the gRPC code server and wait until it answers a health check.
+    def _start_code_server(self, port: int, module_target: Sequence[str], deadline: float) -> None:
+        """Start the gRPC code server on ``port`` and wait until it, and only it, answers there.
 
         The webserver records a location it cannot reach at startup as a load error, so the
         server must answer before the webserver and daemon start.
         """
-        port = str(self.code_server_port)
+        self.code_server_port = port
         command = [str(VENV_BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p"]
-        self._spawn("code-server", [*command, port, *module_target], self.code_server_log)
+        service = self._spawn(
+            "code-server", [*command, str(port), *module_target], self.code_server_log
+        )
         health = [
             str(VENV_BIN / "dagster"),
             "api",
@@ -671,21 +704,32 @@ class DagsterServices:
             "-h",
             "127.0.0.1",
             "-p",
-            port,
+            str(port),
         ]
         while time.monotonic() < deadline:
-            if self._services[-1].process.poll() is not None:
-                raise ServicesError(f"The code server exited during startup\n{self.log_tails()}")
+            self._raise_if_exited(service)
             check = subprocess.run(
                 health, env=self.process_env(), capture_output=True, timeout=30, check=False
             )
             if check.returncode == 0:
-                return
+                if held_only_by(port, self._group_pids(service)):
+                    return
+                # gRPC sets SO_REUSEPORT: another gRPC server on this port would share its calls.
+                self._discard(service)
+                raise PortTakenError(f"Another process also listens on code server port {port}")
             time.sleep(0.5)
         raise ServicesError(f"The code server never became healthy\n{self.log_tails()}")
 
-    def _spawn(self, name: str, command: list[str], log_path: Path) -> None:
+    def _start_webserver(self, port: int, target: Sequence[str], deadline: float) -> None:
+        """Start the webserver on ``port``; wait until it answers as this instance and is ready."""
+        self.port = port
+        command = [str(VENV_BIN / "dagster-webserver"), "--host", "127.0.0.1", "--port"]
+        self._spawn("webserver", [*command, str(port), *target], self.webserver_log)
+        self._wait_until_ready(deadline)
+
+    def _spawn(self, name: str, command: list[str], log_path: Path) -> _Service:
         log_file = log_path.open("ab")
+        log_offset = log_file.tell()
         process = subprocess.Popen(
             command,
             cwd=self.working_directory,
@@ -697,23 +741,52 @@ class DagsterServices:
             # reaches its code server and run workers, and a terminal's Ctrl-C does not.
             start_new_session=True,
         )
-        self._services.append(_Service(name, process, log_path, log_file))
+        service = _Service(name, process, log_path, log_file, log_offset)
+        self._services.append(service)
         self._pgids.add(process.pid)
+        return service
+
+    def _raise_if_exited(self, service: _Service) -> None:
+        """Raise PortTakenError if the service exited failing to bind, ServicesError if else."""
+        if service.process.poll() is None:
+            return
+        if bind_failed(service.output()):
+            self._discard(service)
+            raise PortTakenError(f"The {service.name} lost its port to another process")
+        raise ServicesError(
+            f"{service.name} exited with {service.process.returncode} during startup\n"
+            f"{self.log_tails()}"
+        )
+
+    def _discard(self, service: _Service) -> None:
+        """Stop a service that lost its port and forget it; its group stays in leftover checks."""
+        _killpg(service.process.pid, signal.SIGKILL)
+        service.process.wait(timeout=10)
+        service.log_file.close()
+        self._services.remove(service)
+
+    def _group_pids(self, service: _Service) -> list[int]:
+        """The live processes of the service's process group."""
+        pgid = service.process.pid
+        return [pid for pid in _all_pids() if (info := _read_proc(pid)) and info.pgid == pgid]
 
     def _wait_until_ready(self, deadline: float) -> None:
         client = DagsterGraphQLClient(f"{self.url}/graphql", request_timeout_s=5.0)
         waiting_for = "the webserver to answer /server_info"
         while time.monotonic() < deadline:
-            for service in self._services:
-                if service.process.poll() is not None:
-                    raise ServicesError(
-                        f"{service.name} exited with {service.process.returncode} during startup\n"
-                        f"{self.log_tails()}"
-                    )
+            for service in list(self._services):
+                self._raise_if_exited(service)
             try:
                 waiting_for = "the webserver to answer /server_info"
                 with urllib.request.urlopen(f"{self.url}/server_info", timeout=5.0) as response:
                     response.read()
+                # Until ours binds, or fails to, the port may be answered by another process's
+                # webserver that took it first, whose location and daemons look just as ready.
+                home = client.instance_home()
+                if home is None or Path(home).resolve() != self.dagster_home.resolve():
+                    waiting_for = f"the webserver of {self.dagster_home} (port answered by {home})"
+                    time.sleep(0.5)
+                    continue
                 waiting_for = "the code location to load"
                 if not self._location_loaded(client):
                     time.sleep(0.5)
@@ -784,10 +857,3 @@ def _killpg(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
-
-
-def _free_port() -> int:
-    """Return a port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -7,7 +7,6 @@ unchanged, with the warehouse chosen by IDEM_WAREHOUSE; the backfill is launched
 """
 
 import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -70,13 +69,6 @@ class Backfill:
     overlap_steps: int
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def postgres_stack(
     server: PostgresServer, work: Path, engine: str, days: Sequence[str], rows: int
 ) -> Stack:
@@ -87,15 +79,12 @@ def postgres_stack(
     landing.generate(
         work / "landing", date.fromisoformat(days[0]), date.fromisoformat(days[-1]), rows=rows
     )
-    port = free_port()
     env = {
         "DAGSTER_PG_HOST": server.host,
         "DAGSTER_PG_PORT": str(server.port),
         "DAGSTER_PG_USER": server.user,
         "DAGSTER_PG_PASSWORD": server.password,
         "DAGSTER_PG_DB": instance_db,
-        "DAGSTER_GRPC_HOST": "127.0.0.1",
-        "DAGSTER_GRPC_PORT": str(port),
         "IDEM_LANDING_DIR": str(work / "landing"),
         "IDEM_DUCKDB_PATH": str(work / "warehouse.duckdb"),
         "IDEM_WAREHOUSE": engine,
@@ -112,7 +101,7 @@ def postgres_stack(
         working_directory=REPO_ROOT,
         env=env,
         workspace=DEPLOY / "workspace.yaml",
-        code_server_port=port,
+        code_server=True,
     )
     return Stack(services, engine, server, warehouse_db, work / "warehouse.duckdb")
 

@@ -7,6 +7,8 @@ import pytest
 
 # Relative, because tests/ has no __init__.py: pytest imports this directory as `e2e`, while the
 # code location below is loaded as `tests.e2e.toy_location` from the repository root.
+from ports import bind_failed, every_other_pick
+
 from .dagster_services import (
     DagsterServices,
     RunRecord,
@@ -38,6 +40,35 @@ def services(tmp_path: Path) -> Iterator[DagsterServices]:
     finally:
         services.stop()
     assert services.leftover_processes() == []
+
+
+def test_services_whose_ports_are_taken_start_on_others_and_answer_as_themselves(
+    services: DagsterServices, tmp_path: Path
+) -> None:
+    # The other worker's case: the port chosen for the code server, then the one chosen for the
+    # webserver, is taken before they bind it, here by a running webserver that answers too.
+    taken = services.port
+    other = DagsterServices(
+        dagster_home=tmp_path / "other_home",
+        dagster_yaml=fast_dagster_yaml(),
+        module=TOY_MODULE,
+        workspace=REPO_ROOT / "deploy" / "workspace.yaml",
+        code_server=True,
+        working_directory=REPO_ROOT,
+        backfill_interval_seconds=BACKFILL_TICK_S,
+        choose_port=every_other_pick(taken),
+    )
+    with other:
+        assert other.code_server_port is not None
+        assert taken not in (other.code_server_port, other.port)
+        assert other.process_env()["DAGSTER_GRPC_PORT"] == str(other.code_server_port)
+        assert other.client.instance_home() == str(other.dagster_home)
+        assert other.location_name == "idem_assets"
+        assert services.client.instance_home() == str(services.dagster_home)
+        # Each lost its first port, and said so.
+        assert bind_failed(other.code_server_log.read_text())
+        assert bind_failed(other.webserver_log.read_text())
+    assert other.leftover_processes() == []
 
 
 def _alive(pid: int) -> bool:

@@ -7,7 +7,6 @@ rows in PostgreSQL, not in files under DAGSTER_HOME.
 """
 
 import shlex
-import socket
 import uuid
 from collections.abc import Iterator
 from datetime import date, timedelta
@@ -38,19 +37,12 @@ def documented_commands(marker: str) -> list[str]:
     return [line.strip() for line in lines if line.startswith("dagster ") and marker in line]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def services(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[DagsterServices]:
     database = f"dagster_{uuid.uuid4().hex[:12]}"
     postgres_server.create_database(database)
     landing_dir = tmp_path / "landing"
     landing.generate(landing_dir, FIRST_DAY, FIRST_DAY + timedelta(days=2), rows=ROWS_PER_DAY)
-    port = free_port()
     services = DagsterServices(
         dagster_home=tmp_path / "dagster_home",
         dagster_yaml=(DEPLOY / "dagster.yaml").read_text(),
@@ -62,13 +54,11 @@ def services(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[Dagste
             "DAGSTER_PG_USER": postgres_server.user,
             "DAGSTER_PG_PASSWORD": postgres_server.password,
             "DAGSTER_PG_DB": database,
-            "DAGSTER_GRPC_HOST": "127.0.0.1",
-            "DAGSTER_GRPC_PORT": str(port),
             "IDEM_LANDING_DIR": str(landing_dir),
             "IDEM_DUCKDB_PATH": str(tmp_path / "warehouse.duckdb"),
         },
         workspace=DEPLOY / "workspace.yaml",
-        code_server_port=port,
+        code_server=True,
     )
     services.start()
     try:

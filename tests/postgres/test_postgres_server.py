@@ -11,6 +11,7 @@ import psycopg2
 import pytest
 import sqlalchemy as sa
 from dagster_postgres.utils import get_conn_string
+from ports import bind_failed, every_other_pick
 from postgres_server import PostgresServer, connect, process_alive
 
 
@@ -48,6 +49,22 @@ def test_stop_removes_the_cluster_and_frees_the_port() -> None:
     assert not process_alive(pid)
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_server_whose_port_is_taken_starts_on_another_and_serves_its_own_data(
+    postgres_server: PostgresServer,
+) -> None:
+    # Another worker's cluster took the port chosen first, as happens under `make test`.
+    taken = postgres_server.port
+    with PostgresServer.start(choose_port=every_other_pick(taken)) as server:
+        assert server.port != taken
+        assert bind_failed(server.log_path.read_text())
+        with connect(**server.connect_kwargs()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT current_setting('data_directory'), current_setting('port')")
+            assert cur.fetchone() == (str(server.data_dir), str(server.port))
+    with connect(**postgres_server.connect_kwargs()) as conn, conn.cursor() as cur:
+        cur.execute("SHOW data_directory")
+        assert cur.fetchone() == (str(postgres_server.data_dir),)
 
 
 def test_the_documented_install_command_does_nothing_once_postgres_is_there() -> None:
