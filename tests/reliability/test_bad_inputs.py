@@ -965,8 +965,8 @@ CASES: dict[str, Case] = {
     "dict-partition-expr": Case(
         dict_partition_expr,
         ia.ConfigurationError,
-        ("does not support multi-dimensional partitions yet",),
-        ("metadata={'partition_expr': 'pickup_at'}", "keep the other dimension"),
+        ("the form for a dg.MultiPartitionsDefinition, but the asset has one partition dimension",),
+        ("metadata={'partition_expr': 'pickup_at'}",),
     ),
     "random-uuid-one-row": Case(
         with_uuids(lambda n: [str(uuid.uuid4())], rows=1),
