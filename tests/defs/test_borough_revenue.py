@@ -207,3 +207,18 @@ def test_a_borough_without_trips_that_day_holds_zeros() -> None:
             "revenue": Decimal("11.75"),
         },
     ]
+
+
+def test_a_day_whose_trips_were_never_loaded_is_refused(loaded: Pipeline) -> None:
+    loaded.generate("2026-01-04")
+    assert loaded.materialize(ASSET, key("2026-01-01", "Queens")).success
+    before = stored(loaded)
+
+    result = loaded.materialize(ASSET, key("2026-01-04", "Queens"))
+
+    assert not result.success
+    assert (
+        "MissingUpstreamError: Refused to load asset 'trips' for 'daily_borough_revenue':"
+        " partition(s) ['2026-01-04'] of 'trips' were never materialised"
+    ) in failure_text(result)
+    assert stored(loaded) == before == expected_rows(loaded, "2026-01-01", ("Queens",))
