@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from idem_assets.defs.daily_borough_revenue import UnknownZoneError, borough_revenue, window_cells
-from idem_assets.defs.partitions import DAILY_BY_BOROUGH
+from idem_assets.defs.partitions import DAILY, DAILY_BY_BOROUGH
 from idem_assets.defs.zones import BOROUGH_OF_ZONE, BOROUGHS
 
 from . import ROWS, MakePipeline, Pipeline, d, days, delivered_trips, failure_text, materialized
@@ -222,3 +222,24 @@ def test_a_day_whose_trips_were_never_loaded_is_refused(loaded: Pipeline) -> Non
         " partition(s) ['2026-01-04'] of 'trips' were never materialised"
     ) in failure_text(result)
     assert stored(loaded) == before == expected_rows(loaded, "2026-01-01", ("Queens",))
+
+
+def test_a_partition_maps_to_its_day_of_trips_and_a_day_to_every_borough(
+    pipeline: Pipeline,
+) -> None:
+    graph = pipeline.defs.resolve_asset_graph()
+    mapping = graph.get_partition_mapping(dg.AssetKey(ASSET), dg.AssetKey("trips"))
+    brooklyn = [key(day, "Brooklyn") for day in days("2026-01-01", "2026-01-03")]
+
+    upstream = mapping.get_upstream_mapped_partitions_result_for_partitions(
+        DAILY_BY_BOROUGH.subset_with_partition_keys(brooklyn), DAILY_BY_BOROUGH, DAILY
+    )
+    downstream = mapping.get_downstream_partitions_for_partitions(
+        DAILY.subset_with_partition_keys(["2026-01-02"]), DAILY, DAILY_BY_BOROUGH
+    )
+
+    assert sorted(upstream.partitions_subset.get_partition_keys()) == days(
+        "2026-01-01", "2026-01-03"
+    )
+    assert upstream.required_but_nonexistent_subset.is_empty
+    assert sorted(downstream.get_partition_keys()) == [key("2026-01-02", b) for b in BOROUGHS]
