@@ -6,8 +6,10 @@ from typing import Any
 
 import dagster as dg
 import duckdb
+import pandas as pd
 import pytest
 
+import idem_assets as ia
 from tests.helpers import range_tags, readme_python
 
 HEADING = "### Static, dynamic and multi-dimensional partitions"
@@ -43,4 +45,27 @@ def test_the_readme_multi_partition_example_replaces_exactly_its_keys(
 
     run("Queens|2026-01-02")
     run(tags=range_tags("Brooklyn|2026-01-02", "Brooklyn|2026-01-03"))
+    assert rows() == sorted(expected)
+
+    # The README's claim: a row of another borough (or day) is refused, and nothing changes.
+    @dg.asset(
+        name="borough_revenue",
+        partitions_def=namespace["day_by_borough"],
+        io_manager_key="overwrite_io_manager",
+        metadata=asset.metadata_by_key[asset.key],
+    )
+    def with_a_stray_row() -> pd.DataFrame:
+        """Queens' day, plus a Brooklyn row."""
+        return pd.DataFrame(
+            {
+                "pickup_day": [pd.Timestamp("2026-01-02")] * 2,
+                "borough": ["Queens", "Brooklyn"],
+                "revenue": [1.0, 1.0],
+            }
+        )
+
+    with pytest.raises(ia.StrayRowsError, match="Nothing was changed"):
+        dg.materialize(
+            [with_a_stray_row], partition_key="Queens|2026-01-02", resources=defs.resources
+        )
     assert rows() == sorted(expected)
