@@ -147,7 +147,7 @@ class Pipeline:
         if last is not None and last != first:
             partition_key, tags = None, {RANGE_START: first, RANGE_END: last}
         return dg.materialize(
-            [*(self.defs.assets or []), *(self.defs.asset_checks or [])],
+            [a for a in self.defs.assets or [] if isinstance(a, dg.AssetsDefinition)],
             selection=[dg.AssetKey(asset)],
             partition_key=partition_key,
             tags=tags,

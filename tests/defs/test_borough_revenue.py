@@ -87,7 +87,7 @@ def test_a_range_of_days_for_one_borough_in_one_run(loaded: Pipeline) -> None:
     result = loaded.materialize(ASSET, key("2026-01-01", "Brooklyn"), key("2026-01-03", "Brooklyn"))
 
     assert result.success, failure_text(result)
-    assert sorted(materialized(result)[ASSET]) == [
+    assert sorted(materialized(result)[ASSET], key=str) == [
         key(day, "Brooklyn") for day in days("2026-01-01", "2026-01-03")
     ]
     brooklyn = [
@@ -108,7 +108,7 @@ def test_every_borough_of_a_day_sums_to_the_days_revenue(loaded: Pipeline) -> No
     )
 
     assert result.success, failure_text(result)
-    assert sorted(materialized(result)[ASSET]) == [key("2026-01-03", b) for b in BOROUGHS]
+    assert sorted(materialized(result)[ASSET], key=str) == [key("2026-01-03", b) for b in BOROUGHS]
     assert stored(loaded) == expected_rows(loaded, "2026-01-03")
     assert loaded.query(
         f"SELECT sum(trips), sum(passengers), sum(fares), sum(tips), sum(revenue) FROM {ASSET}"
