@@ -16,6 +16,7 @@ import dagster as dg
 
 import idem_assets as ia
 from idem_assets import landing
+from idem_assets.defs.daily_borough_revenue import daily_borough_revenue
 from idem_assets.defs.daily_zone_revenue import daily_zone_revenue
 from idem_assets.defs.raw_trips import raw_trips
 from idem_assets.defs.reconciliation import rows_per_day
@@ -29,6 +30,8 @@ IN_PROCESS = '{"execution": {"config": {"in_process": {}}}}'
 #: The warehouse's tables in the order the demo prints them, each its asset's own.
 ASSETS = (raw_trips, trips, daily_zone_revenue, revenue_running_total)
 TABLES = [a.key.to_user_string() for a in ASSETS]
+#: The warehouse's table the demo does not print (its partitions are days by boroughs).
+BOROUGH_TABLE = daily_borough_revenue.key.to_user_string()
 #: Each table's partition column, as its asset's ``partition_expr`` metadata declares it.
 PARTITION_COLUMN = {
     a.key.to_user_string(): a.metadata_by_key[a.key]["partition_expr"] for a in ASSETS
@@ -109,7 +112,7 @@ def main() -> int:
     # The worked example's scratch file sits next to the warehouse, so a demo pointed elsewhere
     # (IDEM_DUCKDB_PATH) never touches, or races on, the checkout's .data folder.
     data_dir = Path(database).parent
-    print(f"Resetting demo data: {root}, {database} and the four assets' history")
+    print(f"Resetting demo data: {root}, {database} and its assets' history")
     shutil.rmtree(root, ignore_errors=True)
     for suffix in ("", ".wal"):
         Path(database + suffix).unlink(missing_ok=True)
@@ -119,7 +122,7 @@ def main() -> int:
     # The instance forgets what it recorded for the old warehouse, or the UI would show days as
     # materialized (or failed) that the new warehouse does not hold.
     with dg.DagsterInstance.get() as instance:
-        instance.wipe_assets([dg.AssetKey(table) for table in TABLES])
+        instance.wipe_assets([dg.AssetKey(table) for table in (*TABLES, BOROUGH_TABLE)])
 
     print("\n1. The reference's worked example: the same three days written twice")
     print(render_table(run_worked_example(str(data_dir / "worked_example.duckdb"))))

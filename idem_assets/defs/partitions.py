@@ -3,6 +3,7 @@
 import dagster as dg
 
 from idem_assets.defs.warehouse import ENGINES, engine_name, warehouse_slots
+from idem_assets.defs.zones import BOROUGHS
 
 #: The first day of trips; `make dev` writes a landing file for every day from it to today.
 FIRST_DAY = "2026-01-01"
@@ -11,6 +12,13 @@ FIRST_DAY = "2026-01-01"
 #: the last finished day, as a live feed's does. (Dagster 1.13's UI lists and plots partitions
 #: newest first counting back from now, even past an ``end_date``, so the data reaches today.)
 DAILY = dg.DailyPartitionsDefinition(start_date=FIRST_DAY, timezone="UTC")
+
+#: One partition per borough of the feed's pickup zones (defs/zones.py).
+BOROUGH = dg.StaticPartitionsDefinition(list(BOROUGHS))
+
+#: A day's trips of one borough: the same daily partitions as every other asset, so Dagster maps
+#: a (day, borough) partition to that day of a daily upstream.
+DAILY_BY_BOROUGH = dg.MultiPartitionsDefinition({"date": DAILY, "borough": BOROUGH})
 
 #: Chunk size of a backfill for assets whose days are independent: a year is 12 runs, each
 #: one transaction per asset, so the fixed cost of a run is paid a dozen times, not 365.

@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from e2e.dagster_services import DagsterServices
 from playwright.sync_api import Browser, Locator, Page, ViewportSize, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
+
+from idem_assets import landing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -170,3 +173,29 @@ def page(
             except PlaywrightError:
                 pass
         context.close()
+
+
+@pytest.fixture
+def services(tmp_path: Path, landing_dir: Path) -> Iterator[DagsterServices]:
+    """The real code location under dagster-daemon and dagster-webserver, as `make dev` runs it.
+
+    Each test module gives the ``landing_dir`` its days come from.
+    """
+    services = DagsterServices(
+        dagster_home=tmp_path / "dagster_home",
+        dagster_yaml=(REPO_ROOT / "dagster.yaml").read_text(),
+        module="idem_assets.definitions",
+        working_directory=REPO_ROOT,
+        env={
+            landing.LANDING_DIR_ENV: str(landing_dir),
+            "IDEM_DUCKDB_PATH": str(tmp_path / "warehouse.duckdb"),
+        },
+        backfill_interval_seconds=1.0,
+    )
+    services.start()
+    try:
+        services.client.execute("mutation { setNuxSeen }")  # the sign-up dialog's "Skip"
+        yield services
+    finally:
+        services.stop()
+    assert services.leftover_processes() == []

@@ -7,7 +7,6 @@ materialization is the content fingerprint of the window it published.
 """
 
 import re
-from collections.abc import Iterator
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import idem_assets as ia
 from idem_assets import landing
 from idem_assets.defs.partitions import DAILY
 
-from .conftest import REPO_ROOT, Screenshots, metadata_value
+from .conftest import Screenshots, metadata_value
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -41,29 +40,6 @@ def landing_dir(tmp_path: Path) -> Path:
     landing.generate(root, FIRST_DAY, date.fromisoformat(DAYS[-1]), rows=ROWS_PER_DAY)
     landing.add_bad_passengers(root, date.fromisoformat(BAD_DAY), BAD_ROWS)
     return root
-
-
-@pytest.fixture
-def services(tmp_path: Path, landing_dir: Path) -> Iterator[DagsterServices]:
-    """The real code location under dagster-daemon and dagster-webserver, as `make dev` runs it."""
-    services = DagsterServices(
-        dagster_home=tmp_path / "dagster_home",
-        dagster_yaml=(REPO_ROOT / "dagster.yaml").read_text(),
-        module="idem_assets.definitions",
-        working_directory=REPO_ROOT,
-        env={
-            landing.LANDING_DIR_ENV: str(landing_dir),
-            "IDEM_DUCKDB_PATH": str(tmp_path / "warehouse.duckdb"),
-        },
-        backfill_interval_seconds=1.0,
-    )
-    services.start()
-    try:
-        services.client.execute("mutation { setNuxSeen }")  # the sign-up dialog's "Skip"
-        yield services
-    finally:
-        services.stop()
-    assert services.leftover_processes() == []
 
 
 def backfill(services: DagsterServices, days: list[str]) -> dict:

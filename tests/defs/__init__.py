@@ -1,5 +1,6 @@
 """Shared helpers for the code-location tests: a fresh pipeline per test and result readers."""
 
+import csv
 import os
 import subprocess
 import sys
@@ -70,6 +71,12 @@ def run_dev_data(landing_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def delivered_trips(pipeline: "Pipeline", day: str) -> list[dict[str, str]]:
+    """The day's landing CSV as delivered, every value as its exact text."""
+    with landing.csv_path(pipeline.root, d(day)).open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
 def build_defs() -> dg.Definitions:
     """A fresh Definitions, so resources read the environment as it is now."""
     return idem_assets.definitions.defs.load_fn()
@@ -130,6 +137,24 @@ class Pipeline:
         result = self.run(first, last, assets, job_name)
         assert result.success, failure_text(result)
         return result
+
+    def materialize(
+        self, asset: str, first: str, last: str | None = None
+    ) -> dg.ExecuteInProcessResult:
+        """``dg.materialize`` one asset of the location for a partition key or a key range."""
+        partition_key: str | None = first
+        tags: dict[str, str] = {}
+        if last is not None and last != first:
+            partition_key, tags = None, {RANGE_START: first, RANGE_END: last}
+        return dg.materialize(
+            [a for a in self.defs.assets or [] if isinstance(a, dg.AssetsDefinition)],
+            selection=[dg.AssetKey(asset)],
+            partition_key=partition_key,
+            tags=tags,
+            resources=self.defs.resources,
+            instance=self.instance,
+            raise_on_error=False,
+        )
 
     def run_request(self, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
         """Execute a schedule's or sensor's request on taxi_daily, as the daemon would launch it."""
