@@ -5,7 +5,7 @@ missing-upstream check) over any :class:`~idem_assets.lib.backends.protocol.Back
 IO managers only say how to open its backend.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 
@@ -22,7 +22,7 @@ from idem_assets.lib.connections import duckdb_connection
 from idem_assets.lib.data_versions import record_data_version
 from idem_assets.lib.errors import MissingUpstreamError
 from idem_assets.lib.publish import PartitionResult, PublishResult, publish
-from idem_assets.lib.settings import WriteMode, WriteSettings, resolve_settings
+from idem_assets.lib.settings import WriteMode, WriteSettings, resolve_settings, spelt_partitions
 from idem_assets.lib.windows import (
     PartitionWindow,
     WriteWindow,
@@ -115,6 +115,9 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
                     " run reads), then rerun."
                 )
+            # Metadata may name a column in another case than the table stores it (a write
+            # matches names without regard to case); reads must use the stored spelling.
+            settings = _as_stored(settings, columns)
             if window and settings.partition_columns and not maps_to_nothing:
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
@@ -143,11 +146,21 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         if keys and partitions_def is not None:
             window = window_from_keys(partitions_def, keys, settings.asset)
         with self._backend() as backend:
-            if backend.column_types(settings) is None:
+            columns = backend.column_types(settings)
+            if columns is None:
                 return pa.table({})
+            settings = _as_stored(settings, columns)
             table = backend.load(settings, window, keys is not None and not keys, True)
         assert isinstance(table, pa.Table)
         return table
+
+
+def _as_stored(settings: WriteSettings, columns: Mapping[str, Any]) -> WriteSettings:
+    """``settings`` with its partition columns spelt as the table's ``columns`` spell them."""
+    stored = {c.lower(): c for c in columns}
+    if any(c.lower() not in stored for c in settings.partition_names):
+        return settings  # The load names the missing column itself.
+    return spelt_partitions(settings, stored)
 
 
 def _reader(context: dg.InputContext) -> dg.AssetsDefinition | None:

@@ -403,3 +403,20 @@ def test_loading_a_multi_partition_reads_only_its_cell(store: Store) -> None:
         partition_key=f"{DAYS[1]}|south",
     )
     assert rows_of(seen[0]) == rows_of(sales(DAYS[1], "south"))
+
+
+def test_partition_columns_named_in_another_case_are_written_and_read(store: Store) -> None:
+    """Names match without regard to case on writes; a downstream load must match them too."""
+    shouted = {**BY_DAY_AND_REGION, "partition_expr": {"date": "SOLD_AT", "region": "Region"}}
+    upstream = kind_asset(run_rows, MULTI, shouted)
+    seen: list[pa.Table] = []
+
+    @dg.asset(partitions_def=MULTI, io_manager_key="io_manager", metadata=shouted)
+    def reader(context: dg.AssetExecutionContext, sales: pa.Table) -> pa.Table:
+        seen.append(sales)
+        return sales
+
+    for key in [f"{DAYS[0]}|north", f"{DAYS[1]}|north"]:
+        dg.materialize([upstream, reader], resources=store.resources(), partition_key=key)
+    assert rows_of(seen[1]) == rows_of(sales(DAYS[1], "north"))
+    assert store.rows("reader") == rows_of(sales(DAYS[0], "north"), sales(DAYS[1], "north"))
