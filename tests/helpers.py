@@ -21,14 +21,16 @@ def settings(
     *,
     table: str = "trips",
     partitioned: bool = True,
+    partitions_def: dg.PartitionsDefinition | None = None,
 ) -> ia.WriteSettings:
-    """Write settings resolved the way the IO managers resolve them."""
+    """Write settings resolved the way the IO managers resolve them (for ``partitions_def``)."""
     return ia.resolve_settings(
         asset_key=dg.AssetKey([table]),
         metadata=dict(metadata if metadata is not None else TRIPS_METADATA),
         mode=mode,  # type: ignore[arg-type]
         default_schema="main",
         partitioned=partitioned,
+        partitions_def=partitions_def,
     )
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import idem_assets as ia
 from tests.conformance.conftest import Store
-from tests.helpers import NOW, range_tags
+from tests.helpers import NOW, range_tags, settings
 
 REGIONS = ["east", "north", "south"]
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
@@ -340,16 +340,10 @@ def test_keys_that_are_not_a_product_replace_only_themselves(store: Store) -> No
     fill_multi(store)
     keys = [f"{DAYS[0]}|north", f"{DAYS[1]}|south"]
     batch = pa.concat_tables([sales(DAYS[0], "north", 9), sales(DAYS[1], "south", 9)])
-    settings = ia.resolve_settings(
-        asset_key=dg.AssetKey(["sales"]),
-        metadata=BY_DAY_AND_REGION,
-        mode="overwrite",
-        default_schema="main",
-        partitions_def=MULTI,
-    )
+    write = settings("overwrite", BY_DAY_AND_REGION, table="sales", partitions_def=MULTI)
     window = ia.window_from_keys(MULTI, keys, "sales")
     with store.open() as backend:
-        result = ia.publish(backend, batch, settings, window, now=NOW)
+        result = ia.publish(backend, batch, write, window, now=NOW)
     assert {k: p.rows for k, p in result.per_partition.items()} == dict.fromkeys(keys, ROWS)
     expected = [
         sales(d, r, 9 if f"{d}|{r}" in keys else 0) for d in DAYS for r in ("north", "south")

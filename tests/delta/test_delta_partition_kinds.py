@@ -22,7 +22,7 @@ from tests.conformance.test_partition_kinds import (
     sales,
 )
 from tests.delta.test_delta_backend import race
-from tests.helpers import NOW
+from tests.helpers import NOW, settings
 
 #: Keys that would end a literal quoted naively, or read as an escape.
 AWKWARD = ["o'brien", "x') OR true OR ('y", "back\\", "plain"]
@@ -36,16 +36,10 @@ def publish(
     *keys: str,
     mode: str = "overwrite",
 ) -> ia.PublishResult:
-    settings = ia.resolve_settings(
-        asset_key=dg.AssetKey(["sales"]),
-        metadata=metadata,
-        mode=mode,  # type: ignore[arg-type]
-        default_schema="main",
-        partitions_def=partitions_def,
-    )
+    write = settings(mode, metadata, table="sales", partitions_def=partitions_def)
     window = ia.window_from_keys(partitions_def, list(keys), "sales")
     with DeltaBackend(root) as backend:
-        return ia.publish(backend, batch, settings, window, now=NOW)
+        return ia.publish(backend, batch, write, window, now=NOW)
 
 
 def stored(root: str) -> list[tuple]:
@@ -112,16 +106,10 @@ def test_each_category_has_its_own_files_and_a_rerun_touches_only_them(tmp_path:
     # Another category's files gone: a load of this one never opens them.
     for path in after[(("partition.region", "east"),)]:
         (tmp_path / "main" / "sales" / path).unlink()
-    settings = ia.resolve_settings(
-        asset_key=dg.AssetKey(["sales"]),
-        metadata=ONE_DIM,
-        mode="overwrite",
-        default_schema="main",
-        partitions_def=STATIC,
-    )
+    write = settings("overwrite", ONE_DIM, table="sales", partitions_def=STATIC)
     with DeltaBackend(root) as backend:
         window = ia.window_from_keys(STATIC, ["south"], "sales")
-        loaded = backend.load(settings, window, nothing=False, arrow=True)
+        loaded = backend.load(write, window, nothing=False, arrow=True)
     assert rows_of(loaded) == rows_of(sales(DAYS[0], "south"))
 
 

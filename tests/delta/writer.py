@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import dagster as dg
 import pyarrow as pa
 
 import idem_assets as ia
@@ -26,13 +25,7 @@ from tests.helpers import NOW, settings, window
 def work(key: str, version: int) -> tuple[ia.WriteSettings, ia.WriteWindow, pa.Table]:
     """What a writer of ``key`` publishes: a region's sales, or a day's events."""
     if key in REGIONS:
-        found = ia.resolve_settings(
-            asset_key=dg.AssetKey(["sales"]),
-            metadata=ONE_DIM,
-            mode="overwrite",
-            default_schema="main",
-            partitions_def=STATIC,
-        )
+        found = settings("overwrite", ONE_DIM, table="sales", partitions_def=STATIC)
         return found, ia.window_from_keys(STATIC, [key], "sales"), sales(DAYS[0], key, version)
     return settings("overwrite", EVENTS, table="events"), window(key), events(key, version=version)
 

@@ -11,7 +11,7 @@ import pytest
 import idem_assets as ia
 from idem_assets.lib import batch_sql
 from idem_assets.lib.windows import Condition, region_for
-from tests.helpers import DAILY, NOW
+from tests.helpers import DAILY, NOW, settings
 
 REGIONS = dg.StaticPartitionsDefinition(["east", "north", "south"])
 MULTI = dg.MultiPartitionsDefinition({"date": DAILY, "region": REGIONS})
@@ -19,13 +19,7 @@ BY_DIMENSION = {"date": "sold_at", "region": "region"}
 
 
 def resolve(metadata: dict, partitions_def: dg.PartitionsDefinition) -> ia.WriteSettings:
-    return ia.resolve_settings(
-        asset_key=dg.AssetKey(["sales"]),
-        metadata=metadata,
-        mode="overwrite",
-        default_schema="main",
-        partitions_def=partitions_def,
-    )
+    return settings("overwrite", metadata, table="sales", partitions_def=partitions_def)
 
 
 def test_a_multi_asset_names_a_column_per_dimension_and_the_time_one() -> None:
