@@ -11,7 +11,7 @@ import itertools
 import os
 import re
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -80,22 +80,22 @@ def listening_sockets(port: int) -> set[str]:
     return found
 
 
+def open_files(pid: int) -> Iterator[str]:
+    """What each open descriptor of process ``pid`` names (a path, ``socket:[inode]``...)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            yield os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # Closed since it was listed.
+
+
 def sockets_held_by(pids: Collection[int]) -> set[str]:
     """The ``socket:[inode]`` names of the sockets the processes have open."""
-    held = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                held.add(target)
-    return held
+    return {t for pid in pids for t in open_files(pid) if t.startswith("socket:[")}
 
 
 def held_only_by(port: int, pids: Collection[int]) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 import duckdb
 import pytest
 import yaml
+from ports import open_files
 
 import idem_assets as ia
 from idem_assets import landing
@@ -450,19 +451,7 @@ def _cmdline(pid: int) -> bytes:
 
 def _readers_of(path: Path) -> set[int]:
     """Processes that hold ``path`` open."""
-    readers = set()
-    for pid in _live_pids():
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
-                    readers.add(pid)
-            except OSError:
-                continue
-    return readers
+    return {pid for pid in _live_pids() if str(path) in open_files(pid)}
 
 
 def _run_worker_of(pid: int) -> int:
