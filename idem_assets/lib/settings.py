@@ -192,15 +192,12 @@ def partition_columns(
             f" ({dict(pairs)!r}); each dimension needs a column of its own. Fix:"
             f" metadata={{'{PARTITION_EXPR}': {example!r}}}."
         )
-    time_column = next(
-        (
-            c
-            for d, c in pairs
-            for dim in partitions_def.partitions_defs
-            if dim.name == d and isinstance(dim.partitions_def, dg.TimeWindowPartitionsDefinition)
-        ),
-        None,
-    )
+    timed = {
+        d.name
+        for d in partitions_def.partitions_defs
+        if isinstance(d.partitions_def, dg.TimeWindowPartitionsDefinition)
+    }
+    time_column = next((c for d, c in pairs if d in timed), None)
     return pairs, time_column
 
 

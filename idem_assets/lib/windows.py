@@ -173,9 +173,9 @@ def _check_category(
     partitions_def: dg.PartitionsDefinition, dimension: str, value: str, asset: str
 ) -> None:
     """Refuse a static key its definition does not list (dynamic keys Dagster has checked)."""
+    if isinstance(partitions_def, dg.DynamicPartitionsDefinition):
+        return
     if not isinstance(partitions_def, dg.StaticPartitionsDefinition):
-        if isinstance(partitions_def, dg.DynamicPartitionsDefinition):
-            return
         raise ConfigurationError(
             f"Asset '{asset}': dimension {dimension!r} uses {type(partitions_def).__name__};"
             " idem_assets scopes a dimension by a time window or by category values only."
@@ -299,8 +299,8 @@ def region_for(
     if not window.is_product():
         return tuple(box for _, box in cells_for(window, columns, types, always=True))
     box: list[Condition] = []
-    if window.time_dimension is not None:
-        column = by_dim[window.time_dimension]
+    if window.timed:
+        column = by_dim[str(window.time_dimension)]
         spans = tuple(spans_for(window, types[column]))
         box.append(Condition(column, spans=spans))
     for dim, values in window.categories().items():
@@ -324,8 +324,8 @@ def cells_for(
     cells: list[Cell] = []
     for p in window.partitions:
         box: list[Condition] = []
-        if window.time_dimension is not None and p.start and p.end:
-            column = by_dim[window.time_dimension]
+        if window.timed and p.start and p.end:
+            column = by_dim[str(window.time_dimension)]
             ptype = types[column]
             box.append(
                 Condition(column, spans=((bound_for(p.start, ptype), bound_for(p.end, ptype)),))
@@ -341,11 +341,9 @@ def category_value(key: str, column_type: pa.DataType) -> object:
     """A static or dynamic partition key as a value of a column of ``column_type``."""
     if pa.types.is_string(column_type) or pa.types.is_large_string(column_type):
         return key
-    if pa.types.is_integer(column_type):
-        try:
-            return int(key)
-        except ValueError:
-            pass
+    # Only a key that is the integer's own spelling: "07" and "7" would name the same rows.
+    if pa.types.is_integer(column_type) and key.lstrip("-").isdigit() and str(int(key)) == key:
+        return int(key)
     raise ConfigurationError(
         f"Refused: partition key {key!r} cannot be compared with its partition column of type"
         f" {column_type}: a category dimension's column must be text (or an integer column"

@@ -110,9 +110,15 @@ def test_a_category_key_is_compared_as_the_columns_type() -> None:
     assert region_for(window, (("", "store_id"),), {"store_id": pa.int32()}) == (
         (Condition("store_id", values=(7,)),),
     )
-    letters = ia.window_from_keys(dg.StaticPartitionsDefinition(["7", "x"]), ["x"], "sales")
-    with pytest.raises(ia.ConfigurationError, match="cannot be compared with its partition column"):
-        region_for(letters, (("", "store_id"),), {"store_id": pa.int32()})
+    # "07" would name the rows of "7" too, and "x" no row at all.
+    for key in ["x", "07", " 7"]:
+        other = ia.window_from_keys(dg.StaticPartitionsDefinition(["7", key]), [key], "sales")
+        with pytest.raises(ia.ConfigurationError, match="cannot be compared with its partition"):
+            region_for(other, (("", "store_id"),), {"store_id": pa.int32()})
+    minus = ia.window_from_keys(dg.StaticPartitionsDefinition(["-3"]), ["-3"], "sales")
+    assert region_for(minus, (("", "store_id"),), {"store_id": pa.int32()}) == (
+        (Condition("store_id", values=(-3,)),),
+    )
 
 
 @pytest.mark.parametrize(
