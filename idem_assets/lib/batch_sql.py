@@ -7,13 +7,11 @@ always bound parameters, identifiers are validated and quoted.
 """
 
 from collections.abc import Sequence
-from datetime import date, datetime
 from typing import Any
 
 from idem_assets.lib.identifiers import quote, validate_identifier
-from idem_assets.lib.windows import Box, Cell, Region
+from idem_assets.lib.windows import Bound, Box, Cell, Region
 
-Bound = datetime | date
 Statement = tuple[str, list[Any]]
 
 
@@ -164,7 +162,6 @@ def count_by_partition(relation: str, cells: Sequence[Cell]) -> Statement:
     case, params = partition_case(cells)
     pred, where_params = region_predicate(tuple(box for _, box in cells))
     return (
-        f"SELECT {case} AS partition_key, count(*) FROM {relation} WHERE {pred}"
-        " GROUP BY partition_key",
+        f"SELECT {case} AS partition_key, count(*) FROM {relation} WHERE {pred} GROUP BY 1",
         params + where_params,
     )

@@ -414,3 +414,15 @@ def test_partition_columns_named_in_another_case_are_written_and_read(store: Sto
         dg.materialize([upstream, reader], resources=store.resources(), partition_key=key)
     assert rows_of(seen[1]) == rows_of(sales(DAYS[1], "north"))
     assert store.rows("reader") == rows_of(sales(DAYS[0], "north"), sales(DAYS[1], "north"))
+
+
+def test_a_column_named_partition_key_is_only_data(store: Store) -> None:
+    """Per-partition counts name their own column; a user column of that name must not bind."""
+    labelled = kind_asset(
+        lambda c: run_rows(c).append_column("partition_key", pa.array(["x"] * ROWS * 2)),
+        STATIC,
+        ONE_DIM,
+    )
+    result = run(store, labelled, first_last=("east", "north"))
+    assert written_counts(result) == {"east": ROWS, "north": ROWS}
+    assert len(store.rows("sales")) == 2 * ROWS

@@ -307,3 +307,22 @@ def test_a_new_table_is_indexed_on_its_window_and_a_merged_one_on_its_key_ranges
         backend.cur.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'trips'")
         found = {d.split(" USING ")[1].split(" WITH")[0] for (d,) in backend.cur.fetchall()}
     assert found == expected
+
+
+@pytest.mark.parametrize("keys", [["B", "a"], ["a-2", "a1"]])
+def test_an_upsert_of_text_keys_replaces_them_under_any_collation(
+    postgres_location: PostgresLocation, keys: list[str]
+) -> None:
+    """DuckDB orders text by bytes, PostgreSQL by the column's collation: no range may prune."""
+    staff = settings(
+        "merge", {"primary_key": ["k"], "delete_missing": False}, table="staff", partitioned=False
+    )
+    with PostgresBackend.connect(postgres_location) as backend:
+        backend.cur.execute("CREATE SCHEMA IF NOT EXISTS main")
+        backend.cur.execute('CREATE TABLE main.staff (k TEXT COLLATE "en-x-icu", v BIGINT)')
+        backend.conn.commit()
+        for version in (1, 2):
+            batch = pa.table({"k": keys, "v": pa.array([version] * 2, pa.int64())})
+            ia.publish(backend, batch, staff, None, now=NOW)
+        backend.cur.execute('SELECT k, v FROM main.staff ORDER BY k COLLATE "C"')
+        assert backend.cur.fetchall() == [(k, 2) for k in sorted(keys)]

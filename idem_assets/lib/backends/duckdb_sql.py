@@ -7,7 +7,6 @@ parameters to bind. Nothing here opens a connection, so every statement is unit-
 from collections.abc import Sequence
 
 from idem_assets.lib.batch_sql import (
-    Bound,
     Statement,
     count_by_partition,
     partition_case,
@@ -17,7 +16,7 @@ from idem_assets.lib.batch_sql import (
     window_predicate,
 )
 from idem_assets.lib.identifiers import quote, validate_identifier
-from idem_assets.lib.windows import Cell, Region
+from idem_assets.lib.windows import Bound, Cell, Region
 
 __all__ = ["count_by_partition"]
 
@@ -113,7 +112,7 @@ def matched_by_partition(
     case, params = partition_case(cells, alias="t")
     return (
         f"SELECT {case} AS partition_key, count(*) FROM {target} t WHERE {_key_in(source, key)}"
-        " GROUP BY partition_key",
+        " GROUP BY 1",
         params,
     )
 
@@ -158,7 +157,7 @@ def partition_fingerprints(
     return (
         f"SELECT {case} AS partition_key, count(*),"
         f" coalesce(sum(hash({cols})::HUGEINT), 0) FROM {target} WHERE {pred}"
-        " GROUP BY partition_key",
+        " GROUP BY 1",
         params + where_params,
     )
 

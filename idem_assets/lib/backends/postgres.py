@@ -339,9 +339,16 @@ class PostgresBackend:
             self._temp.append(self._keys)
             # Temporary tables are never auto-analysed; without statistics the join is guessed.
             self._run(f"ANALYZE {self._keys}")
-            bounds = ", ".join(f"min({c}), max({c})" for c in kc)
-            found = duck.execute(f"SELECT {bounds} FROM {source}").fetchall()[0]
-            if found[0] is not None:
+            # DuckDB orders text by bytes, PostgreSQL by the column's collation ('B' < 'a' in C,
+            # not in en_US): a text range could exclude a matching key, so ranges stop there.
+            ordered = []
+            for f in keys.schema:
+                if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+                    break
+                ordered.append(quote(f.name))
+            bounds = ", ".join(f"min({c}), max({c})" for c in ordered)
+            found = duck.execute(f"SELECT {bounds} FROM {source}").fetchall()[0] if ordered else ()
+            if found and found[0] is not None:
                 self._key_ranges = list(zip(found[::2], found[1::2], strict=True))
         return self._keys
 

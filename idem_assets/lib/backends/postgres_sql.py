@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from idem_assets.lib import batch_sql
 from idem_assets.lib.batch_sql import (
     Statement,
     partition_case,
@@ -104,14 +105,7 @@ def count_window(target: str, region: Region) -> Statement:
 
 def count_by_partition(target: str, cells: Sequence[Cell]) -> Statement:
     """Rows of ``target`` in each partition: rows of ``(key, count)``, empty ones absent."""
-    case, params = partition_case(cells)
-    pred, where_params = region_predicate(tuple(box for _, box in cells))
-    return numbered(
-        (
-            f"SELECT {case} AS partition_key, count(*) FROM {target} WHERE {pred} GROUP BY 1",
-            params + where_params,
-        )
-    )
+    return numbered(batch_sql.count_by_partition(target, cells))
 
 
 def delete_window(target: str, region: Region) -> Statement:
