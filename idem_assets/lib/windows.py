@@ -4,14 +4,14 @@ Windows are half-open (``start <= t < end``). A run may cover one partition or a
 of them (a chunked backfill); either way the write is scoped to exactly those partitions.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time
 
 import dagster as dg
 import pyarrow as pa
 
-from idem_assets.lib.errors import ConfigurationError
+from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
 
 #: A window boundary as a column compares it: a date for a date column, else a datetime.
 Bound = datetime | date
@@ -285,6 +285,32 @@ def as_pairs(partition_columns: object) -> tuple[tuple[str, str], ...]:
     if isinstance(partition_columns, Mapping):
         return tuple((str(d), str(c)) for d, c in partition_columns.items())
     return tuple((str(d), str(c)) for d, c in partition_columns)  # type: ignore[union-attr]
+
+
+def region_of(
+    window: WriteWindow | None,
+    partition_columns: object,
+    type_of: Callable[[str], pa.DataType],
+    table: str,
+) -> Region:
+    """A stored table's region for ``window`` (none without one, or without a partition column).
+
+    ``partition_columns`` is the metadata's form (see :func:`as_pairs`); ``type_of`` gives a
+    stored column's Arrow type and raises ``KeyError`` for a column the table lacks.
+    """
+    pairs = as_pairs(partition_columns)
+    if window is None or not pairs:
+        return ()
+    try:
+        types = {c: type_of(c) for _, c in pairs}
+    except KeyError as exc:
+        raise SchemaMismatchError(
+            f"Refused: table {table} has no partition column {exc}, which the asset's"
+            f" partition_expr names ({dict(pairs)!r}), so no row can be placed in a partition."
+            " Nothing was changed. Fix: name the table's column in metadata={'partition_expr':"
+            " ...}, or add the column (ALTER TABLE ... ADD COLUMN) and rerun its partitions."
+        ) from exc
+    return region_for(window, pairs, types)
 
 
 def region_for(

@@ -10,7 +10,7 @@ import pytest
 
 import idem_assets as ia
 from idem_assets.lib import batch_sql
-from idem_assets.lib.windows import Condition, region_for
+from idem_assets.lib.windows import Condition, region_for, region_of
 from tests.helpers import DAILY, NOW, settings
 
 REGIONS = dg.StaticPartitionsDefinition(["east", "north", "south"])
@@ -189,3 +189,12 @@ def test_the_window_metadata_names_each_dimension() -> None:
     assert metadata["range_window"].value == (
         "[2026-01-01T00:00:00+00:00, 2026-01-03T00:00:00+00:00) region=east"
     )
+
+
+def test_a_partition_column_the_stored_table_lacks_is_named_with_the_fix() -> None:
+    window = ia.window_from_keys(MULTI, ["2026-01-02|east"], "sales")
+    stored = {"sold_at": pa.timestamp("us")}
+    with pytest.raises(ia.SchemaMismatchError) as refused:
+        region_of(window, BY_DIMENSION, stored.__getitem__, "main.sales")
+    assert "table main.sales has no partition column 'region'" in str(refused.value)
+    assert region_of(None, BY_DIMENSION, stored.__getitem__, "main.sales") == ()

@@ -67,8 +67,7 @@ from idem_assets.lib.windows import (
     Condition,
     Region,
     WriteWindow,
-    as_pairs,
-    region_for,
+    region_of,
 )
 
 #: The derived partition column; not a plain identifier, so no user column can be called so.
@@ -698,10 +697,7 @@ class DeltaBackend:
             return None
         full = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
         columns = [f.name for f in full if f.name != DAY_COLUMN]
-        region: Region = ()
-        if partition_columns and window:
-            pairs = as_pairs(partition_columns)
-            region = region_for(window, pairs, {c: full.field(c).type for _, c in pairs})
+        region = region_of(window, partition_columns, _field_type(full), f"{schema}.{table}")
         partition_by = found.metadata().partition_columns
         target = self._register(found, partition_by, region)
         q, p = sql.fingerprint(target, columns, region)
@@ -717,10 +713,12 @@ class DeltaBackend:
             raise RuntimeError(f"no Delta table {settings.schema}.{settings.table}")
         full = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
         pcols = settings.partition_names
-        region: Region = ()
-        if window and pcols:
-            types = {c: full.field(c).type for c in pcols}
-            region = region_for(window, settings.partition_columns, types)
+        region = region_of(
+            window,
+            settings.partition_columns,
+            _field_type(full),
+            f"{settings.schema}.{settings.table}",
+        )
         target = self._register(found, found.metadata().partition_columns, region)
         columns = ", ".join(quote(f.name) for f in full if f.name != DAY_COLUMN)
         where, params, order = "", [], ""
@@ -836,3 +834,8 @@ def delta_tables(root: str) -> list[tuple[str, str]]:
             if os.path.isdir(os.path.join(root, schema, table, "_delta_log")):
                 found.append((schema, table))
     return found
+
+
+def _field_type(schema: pa.Schema) -> Callable[[str], pa.DataType]:
+    """A column's Arrow type in ``schema``; ``KeyError`` for a column it lacks."""
+    return lambda column: schema.field(column).type

@@ -42,7 +42,7 @@ from idem_assets.lib.schema_fit import (
     schema_changes,
 )
 from idem_assets.lib.settings import WriteSettings, spelt_partitions
-from idem_assets.lib.windows import Region, WriteWindow, as_pairs, region_for, spans_for
+from idem_assets.lib.windows import WriteWindow, region_of, spans_for
 
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
@@ -351,10 +351,7 @@ class DuckDBBackend:
         cols = table_columns(self.conn, schema, table)
         if cols is None:
             return None
-        region: Region = ()
-        if partition_columns and window:
-            pairs = as_pairs(partition_columns)
-            region = region_for(window, pairs, {c: arrow_type(cols[c]) for _, c in pairs})
+        region = region_of(window, partition_columns, lambda c: arrow_type(cols[c]), table)
         # The library's own table has a name no user table can have, so it skips that check.
         own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
         target = OWNERS if own else qualified(schema, table)
@@ -374,10 +371,10 @@ class DuckDBBackend:
             where = " WHERE false"
         elif window and pcols:
             cols = table_columns(self.conn, settings.schema, settings.table) or {}
-            types = {c: arrow_type(cols[c]) for c in pcols}
-            pred, params = batch_sql.region_predicate(
-                region_for(window, settings.partition_columns, types)
+            region = region_of(
+                window, settings.partition_columns, lambda c: arrow_type(cols[c]), settings.table
             )
+            pred, params = batch_sql.region_predicate(region)
             where = f" WHERE {pred}"
         target = qualified(settings.schema, settings.table)
         relation = self.conn.sql(f"SELECT * FROM {target}{where}{order}", params=params)

@@ -41,7 +41,7 @@ from idem_assets.lib.schema_fit import (
     stored_batch,
 )
 from idem_assets.lib.settings import WriteSettings, spelt_partitions
-from idem_assets.lib.windows import Region, WriteWindow, as_pairs, region_for
+from idem_assets.lib.windows import Region, WriteWindow, region_of
 
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
@@ -544,11 +544,8 @@ class PostgresBackend:
         cols = self._columns(schema, table)
         if cols is None:
             return None
-        region: Region = ()
-        if partition_columns and window:
-            pairs = as_pairs(partition_columns)
-            types = {c: _arrow_type(cols, c, f"{schema}.{table}") for _, c in pairs}
-            region = region_for(window, pairs, types)
+        name = f"{schema}.{table}"
+        region = region_of(window, partition_columns, lambda c: _arrow_type(cols, c, name), name)
         # The library's own table has a name no user table can have, so it skips that check.
         own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
         target = OWNERS if own else qualified(schema, table)
@@ -570,9 +567,8 @@ class PostgresBackend:
         cols = self._columns(settings.schema, settings.table) or {}
         types = _arrow_types(cols, _name(settings))
         pcols = settings.partition_names
-        region: Region = ()
-        if window and pcols and not nothing:
-            region = region_for(window, settings.partition_columns, types)
+        window = None if nothing else window
+        region = region_of(window, settings.partition_columns, types.__getitem__, _name(settings))
         target = qualified(settings.schema, settings.table)
         self._run(sql.select_window(target, pcols, region, nothing))
         table = _as_stored(self.cur.fetch_arrow_table(), types)
