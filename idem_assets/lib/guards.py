@@ -122,15 +122,25 @@ def refuse_erasing(
         )
 
 
-def refuse_keys_elsewhere(scope: Scope, outside_keys: int, existing_sample: str) -> None:
-    """Refuse a merge whose batch holds keys that live in partitions this run does not own."""
+def refuse_keys_elsewhere(
+    scope: Scope, outside_keys: int, existing_sample: str, concurrent: bool = False
+) -> None:
+    """Refuse a merge whose batch holds keys that live in partitions this run does not own.
+
+    ``concurrent``: a writer of another partition committed them while this one ran.
+    """
     if not outside_keys or not scope.pcols:
         return
+    meanwhile = (
+        " (a concurrent run of another partition stored them there while this one ran)"
+        if concurrent
+        else ""
+    )
     raise KeyOutsideWindowError(
         f"Refused to write {scope.where}: {outside_keys} key(s) of the batch already exist"
-        " in other partitions; merging would move those rows out of partitions this run"
-        " does not own. Nothing was changed. Fix: rerun the partition that holds them"
-        " first so they leave it, or correct the key. Existing rows:\n" + existing_sample
+        f" in other partitions{meanwhile}; merging would move those rows out of partitions"
+        " this run does not own. Nothing was changed. Fix: rerun the partition that holds"
+        " them first so they leave it, or correct the key. Existing rows:\n" + existing_sample
     )
 
 

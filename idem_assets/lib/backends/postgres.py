@@ -26,7 +26,14 @@ from idem_assets.lib import batch_sql, guards
 from idem_assets.lib.backends import duckdb_sql as duck_sql
 from idem_assets.lib.backends import postgres_sql as sql
 from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type
-from idem_assets.lib.backends.protocol import Counts, PartitionColumns, Scope, Staged, Target
+from idem_assets.lib.backends.protocol import (
+    CommitConflict,
+    Counts,
+    PartitionColumns,
+    Scope,
+    Staged,
+    Target,
+)
 from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
 from idem_assets.lib.identifiers import qualified, quote
 from idem_assets.lib.samples import format_sample
@@ -165,6 +172,9 @@ class PostgresBackend:
         self._keys = ""
         self._key_ranges: list[tuple[Any, Any]] = []
         self._locked = False
+        #: The table's columns as described, before any lock: a concurrent writer may change
+        #: them until this publish holds the table.
+        self._described: dict[str, str] | None = None
 
     def close(self) -> None:
         """Close the cursor and the embedded evaluator (not the connection)."""
@@ -231,6 +241,7 @@ class PostgresBackend:
             sql.describe((OWNERS_SCHEMA, OWNERS_TABLE), settings.schema, settings.table)
         )
         self._table_cols = {name: kind for own, name, kind in rows if not own} or None
+        self._described = dict(self._table_cols) if self._table_cols else None
         owner = None
         if any(own for own, _, _ in rows):
             owner = self._owner(settings)
@@ -306,7 +317,12 @@ class PostgresBackend:
         return dict(rows) if rows else None
 
     def _lock(self, scope: Scope) -> None:
-        """Wait for every other writer of this window: one lock per partition, sorted."""
+        """Wait for every other writer of this window: one lock per partition, sorted.
+
+        A writer that changes the table's schema then waits for every other such writer of
+        the table, before it reads the table: once it has read it, an ALTER TABLE of the other
+        would wait for its commit while its own ALTER waits for the other's (a deadlock).
+        """
         if self._locked:
             return
         s = scope.settings
@@ -315,17 +331,30 @@ class PostgresBackend:
         parts: list[str | None] = list(window.keys) if window and scope.pcols else [None]
         for key in sorted({sql.lock_key(s.schema, s.table, p) for p in parts}):
             self._rows(("SELECT pg_advisory_xact_lock($1)", [key]))
+        if scope.staged.changes:
+            self._rows(
+                ("SELECT pg_advisory_xact_lock($1)", [sql.table_lock(s.schema, s.table, "schema")])
+            )
         self._locked = True
 
     def count_window(self, scope: Scope) -> Counts:
         """Rows the window holds now (per partition of a range), once this writer holds it."""
         self._lock(scope)
+        s = scope.settings
         if not scope.table_exists:
+            if self._columns(s.schema, s.table) is not None:
+                raise CommitConflict(f"a concurrent writer created table {_name(s)}")
             return {}
         target = _target(scope)
         if scope.cells:
-            return dict(self._rows(sql.count_by_partition(target, scope.cells)))
-        return {None: self._rows(sql.count_window(target, scope.region))[0][0]}
+            counts: Counts = dict(self._rows(sql.count_by_partition(target, scope.cells)))
+        else:
+            counts = {None: self._rows(sql.count_window(target, scope.region))[0][0]}
+        # The count holds the table (an ALTER TABLE waits for this commit from here on): the
+        # columns read now are the ones the batch is written into.
+        if self._columns(s.schema, s.table) != self._described:
+            raise CommitConflict(f"a concurrent writer changed the columns of {_name(s)}")
+        return counts
 
     def _keys_table(self, scope: Scope) -> str:
         """The batch's distinct keys in a temporary table, for the server to join against."""
@@ -376,6 +405,22 @@ class PostgresBackend:
         rows = self._rows(q)
         return format_sample([d[0] for d in self.cur.description or []], rows)
 
+    def keys_elsewhere_at_commit(self, scope: Scope) -> int:
+        """Target rows outside the window whose key the batch holds, counted right before commit.
+
+        Under the table's keys lock, which every merge of the table takes here and holds until
+        its commit: a writer that committed a shared key earlier has committed it before this
+        count starts, so the count sees it (READ COMMITTED reads each statement afresh). Only
+        this count and the commit wait for another merge; their writes run in parallel.
+        """
+        s = scope.settings
+        self._rows(
+            ("SELECT pg_advisory_xact_lock($1)", [sql.table_lock(s.schema, s.table, "keys")])
+        )
+        keys = self._keys_table(scope)
+        q = sql.merge_counts(_target(scope), keys, scope.key, self._key_ranges, scope.region)
+        return self._rows(q)[0][1]
+
     def claim(self, settings: WriteSettings) -> None:
         """Record the asset as the owner of its table, unless another writer just did."""
         self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
@@ -402,11 +447,10 @@ class PostgresBackend:
             return
         self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
         s = scope.settings
-        found = self._columns(s.schema, s.table)
-        if found is not None:
-            # Another writer created it while this one waited for the lock.
-            self._table_cols = found
-            return
+        if self._columns(s.schema, s.table) is not None:
+            # Another writer created it while this one waited for the lock: the batch was
+            # fitted to no table, so it is fitted again to the one that writer created.
+            raise CommitConflict(f"a concurrent writer created table {_name(s)}")
         self._run(f"CREATE SCHEMA IF NOT EXISTS {quote(s.schema)}")
         columns = [(f.stored_name, DIALECT.type_sql(f.stored_type)) for f in self._fits]
         self._run(sql.create_table(_target(scope), columns))

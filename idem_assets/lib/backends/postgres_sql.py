@@ -43,6 +43,16 @@ def lock_key(schema: str, table: str, partition: str | None) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def table_lock(schema: str, table: str, purpose: str) -> int:
+    """The advisory lock of one of a table's own concerns (``schema``, ``keys``).
+
+    Never a partition's: its text starts with ``purpose`` and a separator no identifier holds.
+    """
+    text = f"{purpose}\x01{schema}\x00{table}"
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 #: The lock every writer takes before it creates a schema, a table or the owners record.
 DDL_LOCK = lock_key("idem", "ddl", None)
 

@@ -169,11 +169,28 @@ class Backend(Protocol):
 
 
 class CommitConflict(Exception):
-    """An optimistic commit lost to a concurrent writer; nothing of this publish was stored.
+    """A concurrent writer changed the table under this publish; nothing of it was stored.
 
-    Raised by :meth:`Backend.transaction` of engines that commit optimistically (Delta Lake):
-    the publish starts over on the table's new version, a bounded number of times.
+    Raised by :meth:`Backend.transaction` of engines that commit optimistically (Delta Lake),
+    and by a backend that finds, once it holds the table, that a concurrent writer created or
+    altered it after it was described (PostgreSQL): the publish starts over on the table as it
+    is now, a bounded number of times.
     """
+
+
+@runtime_checkable
+class ChecksKeysAtCommit(Protocol):
+    """A backend whose merges could miss a concurrent writer's uncommitted keys.
+
+    Under READ COMMITTED two merges of different partitions each count the keys living
+    elsewhere without seeing the other's; both would store a shared new key. Such a backend
+    counts them again right before its commit, under a lock every merge of the table holds
+    from that count to its commit, so the later of two such writers sees the earlier's keys.
+    """
+
+    def keys_elsewhere_at_commit(self, scope: Scope) -> int:
+        """Target rows outside the window whose key the batch holds, counted under that lock."""
+        ...
 
 
 @runtime_checkable
