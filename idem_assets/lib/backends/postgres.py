@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import adbc_driver_postgresql.dbapi as adbc
 import duckdb
@@ -72,26 +72,44 @@ class PostgresLocation:
     user: str
     database: str
     password: str | None = field(default=None, repr=False)
-    #: Further libpq parameters, e.g. ``{"sslmode": "require"}``.
-    options: dict[str, str] = field(default_factory=dict)
+    #: Further libpq parameters, e.g. ``{"sslmode": "require"}`` (``sslpassword`` is one).
+    options: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_url(cls, url: str, password: str | None = None) -> "PostgresLocation":
-        """Parse ``postgresql://user@host:port/database?sslmode=...``; ``password`` wins."""
+        """Parse ``postgresql://user@host:port/database?sslmode=...``; ``password`` wins.
+
+        The host may be a Unix socket's directory, its slashes written ``%2F``. No message
+        shows the URL's password, nor any part of a login the URL does not delimit.
+        """
+        _refuse_unescaped_login(url)
         parts = urlsplit(url)
-        if parts.scheme.split("+")[0] not in ("postgresql", "postgres") or not parts.path[1:]:
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if (
+            parts.scheme.split("+")[0] not in ("postgresql", "postgres")
+            or not parts.path[1:]
+            or port == -1
+        ):
             raise ConfigurationError(
-                f"The PostgreSQL URL {_redacted(url, parts.password)!r} is not of the form"
+                f"The PostgreSQL URL {_shown(parts)!r} is not of the form"
                 " postgresql://user@host:5432/database. Nothing was changed. Fix: set url to"
                 " such a URL, or set host, port, user and database instead."
             )
+        options = dict(parse_qsl(parts.query))
+        # libpq takes the password as a query parameter too; it must never be shown as one.
+        in_query = options.pop("password", None)
+        if password is None:
+            password = _unquoted(parts.password) if parts.password is not None else in_query
         return cls(
-            host=parts.hostname or "localhost",
-            port=parts.port or 5432,
+            host=unquote(_host(parts.netloc)) or "localhost",
+            port=port or 5432,
             user=unquote(parts.username or ""),
             database=unquote(parts.path[1:]),
-            password=password if password is not None else _unquoted(parts.password),
-            options=dict(parse_qsl(parts.query)),
+            password=password,
+            options=options,
         )
 
     def describe(self) -> str:
@@ -106,7 +124,9 @@ class PostgresLocation:
             "user": self.user,
             "dbname": self.database,
             **self.options,
-            "options": SESSION_OPTIONS,
+            # The user's own options first: a later -c of the same setting wins, and the
+            # pinned ones must.
+            "options": " ".join(filter(None, [self.options.get("options"), SESSION_OPTIONS])),
         }
         if self.password is not None:
             values["password"] = self.password
@@ -119,6 +139,42 @@ def _unquoted(value: str | None) -> str | None:
 
 def _redacted(text: str, password: str | None) -> str:
     return text.replace(password, "***") if password else text
+
+
+def _refuse_unescaped_login(url: str) -> None:
+    """Refuse a URL with an ``@`` after its host: a login holding ``/``, ``?`` or ``#``.
+
+    Unescaped, any of them ends the login early, so the rest of the password would be read as
+    the host, the path or the query, and shown as such; the message shows none of the URL.
+    """
+    rest = url.partition("://")[2]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if "@" in rest[end:]:
+        raise ConfigurationError(
+            "The PostgreSQL URL has an '@' after its host part, so its login cannot be told"
+            " from its host: a password holding '/', '?' or '#' ends the login there unless"
+            " percent-encoded (the URL is not shown, as it may hold the password). Nothing was"
+            " changed. Fix: leave the password out of the URL (postgresql://user@host:5432/"
+            "database) and export it in the variable password_env names; or percent-encode"
+            " it in the URL, urllib.parse.quote(password, safe=''); write any other '@' as %40."
+        )
+
+
+def _host(netloc: str) -> str:
+    """The host of a URL's authority, as written (a socket directory keeps its case)."""
+    host = netloc.rpartition("@")[2]
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.partition(":")[0]
+
+
+def _shown(parts: SplitResult) -> str:
+    """The URL for a message: its password and any password parameter replaced by ``***``."""
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username}:***@{netloc.rpartition('@')[2]}"
+    query = "&".join(f"{k}={'***' if 'password' in k else v}" for k, v in parse_qsl(parts.query))
+    return parts._replace(netloc=netloc, query=query, fragment="").geturl()
 
 
 def _libpq_quote(value: str) -> str:
