@@ -21,8 +21,9 @@ from typing import Literal, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_assets.lib.errors import SchemaMismatchError
+from idem_assets.lib.errors import InvalidIdentifierError, SchemaMismatchError
 from idem_assets.lib.identifiers import validate_identifier
+from idem_assets.lib.samples import format_sample
 from idem_assets.lib.settings import WriteSettings
 
 Conversion = Literal["same", "cast", "checked"]
@@ -277,6 +278,9 @@ def _refuse_unusable(
     """Refuse names no table can have, and absent or untimely columns the metadata names."""
     for c in batch_cols:
         validate_identifier(c, f"Refused to write {where}: batch column")
+    for c, t in batch_cols.items():
+        if isinstance(t, pa.Decimal256Type):
+            _refuse_decimal256(where, c, t)
     by_name = {c.lower(): c for c in batch_cols}
     needed = list(settings.partition_names)
     needed += list(settings.primary_key) + list(settings.dedupe_order_by)
@@ -309,6 +313,26 @@ def _refuse_unusable(
                 f" Nothing was changed. Fix: store the values as text, e.g. df['{column}'] ="
                 f" df['{column}'].astype(str) (an integer column works for integer keys)."
             )
+
+
+def _refuse_decimal256(where: str, column: str, decimal: pa.Decimal256Type) -> None:
+    """Refuse a decimal256 column: the guards read the batch in DuckDB, which has none."""
+    fits = decimal.scale <= 38
+    cast = (
+        f"batch = batch.set_column(batch.schema.get_field_index('{column}'), '{column}',"
+        f" batch['{column}'].cast(pa.decimal128({min(decimal.precision, 38)}, {decimal.scale})))"
+    )
+    raise SchemaMismatchError(
+        f"Refused to write {where}: column '{column}' is decimal256({decimal.precision},"
+        f" {decimal.scale}), and the guards judge every batch in DuckDB, which reads decimals of"
+        " at most 38 digits, as decimal128 only. Nothing was changed. Fix: "
+        + (
+            f"cast it to decimal128, which fails rather than rounds if a value has more than 38"
+            f" digits: {cast}; else store it as text: df['{column}'] = df['{column}'].astype(str)."
+            if fits
+            else f"store it as text: df['{column}'] = df['{column}'].astype(str)."
+        )
+    )
 
 
 def _refuse_untyped(where: str, target: str, batch_cols: dict[str, pa.DataType]) -> None:
@@ -435,6 +459,95 @@ def refuse_lossy_values(
                 f" df['{fit.name}'] = df['{fit.name}'].astype('float64'); or keep the values"
                 " exact in a table of their own type."
             )
+
+
+def refuse_cut_names(
+    settings: WriteSettings, where: str, columns: Sequence[str], limit: int, engine: str
+) -> None:
+    """Refuse a schema, table or column name longer than ``limit`` bytes of UTF-8.
+
+    ``engine`` keeps only that many bytes of a name and silently drops the rest, so the write
+    would land under another name, and two names alike in their first bytes in one table.
+    """
+    named = [("schema", settings.schema), ("table", settings.table)]
+    for what, name in [*named, *(("column", c) for c in columns)]:
+        size = len(name.encode())
+        if size <= limit:
+            continue
+        short = name.encode()[:limit].decode(errors="ignore")
+        fix = {
+            "schema": f"metadata={{'schema': '{short}'}} (or an IO manager 'schema' or a key"
+            " prefix that short)",
+            "table": f"an asset key whose last part is at most {limit} bytes, e.g. '{short}'",
+            "column": f"df = df.rename(columns={{'{name}': '{short}'}})",
+        }[what]
+        raise InvalidIdentifierError(
+            f"Refused to write {where}: {what} '{name}' is {size} bytes long in UTF-8; {engine}"
+            f" keeps at most {limit} bytes of a name and would silently cut it to '{short}', so"
+            " the write would land under another name (and two names alike in their first"
+            f" {limit} bytes would meet in one). Nothing was changed. Fix: a name of at most"
+            f" {limit} bytes (a letter such as 'ü' takes two): {fix}."
+        )
+
+
+def refuse_unstorable_text(
+    batch: pa.Table,
+    fits: Sequence[ColumnFit],
+    settings: WriteSettings,
+    where: str,
+    dialect: TypeDialect,
+    lengths: dict[str, tuple[int, str]],
+    holds_nul: bool = True,
+) -> None:
+    """Refuse text the stored column cannot hold: NUL characters, or more characters than fit.
+
+    ``lengths`` maps a stored column to the characters it holds and its type as the engine
+    spells it (``character varying(3)``); ``holds_nul`` is False where text cannot hold U+0000.
+    """
+    target = f"{dialect.sql_name(settings.schema)}.{dialect.sql_name(settings.table)}"
+    for fit in fits:
+        if not pa.types.is_string(fit.stored_type) or fit.type not in _TEXT[0]:
+            continue
+        values = batch.column(fit.name)
+        if not holds_nul:
+            nul = pc.fill_null(pc.match_substring(values, "\x00"), False)
+            count = pc.sum(nul).as_py() or 0
+            if count:
+                rows = batch.filter(nul).slice(0, 5)
+                raise SchemaMismatchError(
+                    f"Refused to write {where}: {count} value(s) of '{fit.name}' hold the"
+                    f" character U+0000 (NUL), which {dialect.engine} text cannot store."
+                    " Nothing was changed. Fix: remove it (or replace it) before returning the"
+                    " batch, e.g."
+                    f" df['{fit.name}'] = df['{fit.name}'].str.replace('\\x00', '',"
+                    " regex=False). Sample:\n" + _rows_text(rows)
+                )
+        if fit.stored_name not in lengths:
+            continue
+        limit, spelt = lengths[fit.stored_name]
+        size = pc.utf8_length(values)
+        over = pc.fill_null(pc.greater(size, limit), False)
+        count = pc.sum(over).as_py() or 0
+        if count:
+            longest = pc.max(size).as_py()
+            examples = values.filter(over).slice(0, 3).to_pylist()
+            column = f"{target}.{dialect.sql_name(fit.stored_name)}"
+            raise SchemaMismatchError(
+                f"Refused to write {where}: {count} value(s) of '{fit.name}' are longer than the"
+                f" {limit} characters {column} ({spelt}) holds, e.g. {examples}. Nothing was"
+                " changed. Fix: widen the column (no stored value changes), then rerun:"
+                f" ALTER TABLE {target} ALTER COLUMN {dialect.sql_name(fit.stored_name)} TYPE"
+                f" {_widened(spelt, longest)}; or shorten the values in the batch."
+            )
+
+
+def _widened(spelt: str, length: int) -> str:
+    """``character varying(3)`` with room for ``length`` characters."""
+    return spelt.split("(", 1)[0] + f"({length})"
+
+
+def _rows_text(rows: pa.Table) -> str:
+    return format_sample(rows.column_names, list(zip(*rows.to_pydict().values(), strict=True)))
 
 
 def stored_batch(batch: pa.Table, fits: Sequence[ColumnFit]) -> pa.Table:

@@ -25,7 +25,7 @@ import pyarrow as pa
 from idem_assets.lib import batch_sql, guards
 from idem_assets.lib.backends import duckdb_sql as duck_sql
 from idem_assets.lib.backends import postgres_sql as sql
-from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type
+from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type, text_lengths
 from idem_assets.lib.backends.protocol import (
     CommitConflict,
     Counts,
@@ -43,7 +43,9 @@ from idem_assets.lib.schema_fit import (
     change_sql,
     evolved,
     fit_columns,
+    refuse_cut_names,
     refuse_lossy_values,
+    refuse_unstorable_text,
     schema_changes,
     stored_batch,
 )
@@ -314,12 +316,15 @@ class PostgresBackend:
 
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Cast the batch to the stored names and types in Arrow, and hand it to the guards."""
+        refuse_cut_names(settings, where, batch.column_names, DIALECT.name_bytes, DIALECT.engine)
         table = _arrow_types(self._table_cols, _name(settings)) if self._table_cols else None
         changes = schema_changes(settings, where, batch.schema, table, DIALECT)
         if table is not None and changes:
             table = evolved(table, changes)
         fits = fit_columns(settings, where, batch.schema, table, DIALECT)
         refuse_lossy_values(batch, fits, settings, where, DIALECT)
+        lengths = text_lengths(self._table_cols or {})
+        refuse_unstorable_text(batch, fits, settings, where, DIALECT, lengths, holds_nul=False)
         stored = stored_batch(batch, fits)
         if self._table_cols:
             # COPY fills columns in the table's order; an added column comes last, as ADD COLUMN

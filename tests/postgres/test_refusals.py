@@ -1,0 +1,187 @@
+"""What PostgreSQL cannot store, refused before the server sees a row, with a fix that works.
+
+Each case materialises an asset through the Postgres IO managers: the run fails with the
+library's message (never the server's raw error), the database is exactly as it was, and the
+fix the message prints, applied as printed, lets the rerun succeed. docs/bad-inputs.md lists
+every case with its message (its PostgreSQL section).
+"""
+
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import idem_assets as ia
+from tests.conformance.conftest import Store, postgres_store
+from tests.helpers import DAILY, NOW, settings, window
+
+DAY = "2026-01-02"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "bad-inputs.md"
+TRIPS: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id"]}
+#: 33 characters, 64 bytes of UTF-8: one byte more than a PostgreSQL name holds.
+LONG = "ü" * 31 + "xa"
+#: The same name cut to 63 bytes, as the refusal advises.
+SHORT = "ü" * 31 + "x"
+
+
+@pytest.fixture
+def pg(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """A fresh PostgreSQL database behind the two IO managers."""
+    return postgres_store(request, tmp_path)
+
+
+def trips(**columns: pa.Array) -> pa.Table:
+    """Two trips of DAY, plus ``columns``."""
+    base = {
+        "trip_id": pa.array([1, 2], pa.int64()),
+        "pickup_at": pa.array([datetime(2026, 1, 2, 1), datetime(2026, 1, 2, 2)]),
+    }
+    return pa.table({**base, **columns})
+
+
+def asset(
+    batch: Callable[[], pa.Table], name: str = "trips", metadata: dict[str, Any] | None = None
+) -> dg.AssetsDefinition:
+    @dg.asset(name=name, partitions_def=DAILY, metadata=metadata or TRIPS)
+    def compute() -> pa.Table:
+        return batch()
+
+    return compute
+
+
+def run(pg: Store, definition: dg.AssetsDefinition) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [definition], resources=pg.resources(), partition_key=DAY, raise_on_error=False
+    )
+
+
+def failure(result: dg.ExecuteInProcessResult) -> str:
+    """The failed step's error chain: each error's class and message."""
+    assert not result.success
+    (event,) = [e for e in result.all_events if e.is_step_failure]
+    error = event.step_failure_data.error if event.step_failure_data else None
+    parts = []
+    while error is not None:
+        parts.append(f"{error.cls_name}: {error.message}")
+        error = error.cause
+    return "\n".join(parts)
+
+
+def refused(pg: Store, definition: dg.AssetsDefinition, error: str, *fragments: str) -> str:
+    """Materialise ``definition``: refused with ``error`` and ``fragments``, nothing changed."""
+    before = pg.snapshot()
+    text = failure(run(pg, definition))
+    assert f"{error}: Refused to write asset" in text, text
+    assert "Nothing was changed. Fix:" in text, text
+    for fragment in fragments:
+        assert fragment in text, f"{fragment!r} not in:\n{text}"
+    assert pg.snapshot() == before
+    return text
+
+
+@pytest.mark.parametrize("what", ["schema", "column"])
+def test_a_name_postgres_would_cut_short_is_refused_with_its_limit(pg: Store, what: str) -> None:
+    """PostgreSQL keeps 63 bytes of a name: a longer one would land in another table."""
+    definitions = {
+        "schema": lambda name: asset(trips, metadata={**TRIPS, "schema": name}),
+        "column": lambda name: asset(lambda: trips(**{name: pa.array([1.0, 2.0])})),
+    }
+    fixes = {
+        "schema": f"metadata={{'schema': '{SHORT}'}}",
+        "column": f"df = df.rename(columns={{'{LONG}': '{SHORT}'}})",
+    }
+    refused(
+        pg,
+        definitions[what](LONG),
+        "InvalidIdentifierError",
+        f"{what} '{LONG}' is 64 bytes long in UTF-8; Postgres keeps at most 63 bytes",
+        fixes[what],
+    )
+    assert run(pg, definitions[what](SHORT)).success
+
+
+def test_a_table_name_postgres_would_cut_short_is_refused_with_its_limit(pg: Store) -> None:
+    """Dagster names are ASCII, but a caller of ia.publish may name any table."""
+    before = pg.snapshot()
+    with pg.open() as backend, pytest.raises(ia.InvalidIdentifierError) as raised:
+        ia.publish(backend, trips(), settings(table=LONG), window(DAY), now=NOW)
+    assert f"table '{LONG}' is 64 bytes long in UTF-8; Postgres keeps at most 63" in str(
+        raised.value
+    )
+    assert f"an asset key whose last part is at most 63 bytes, e.g. '{SHORT}'" in str(raised.value)
+    assert pg.snapshot() == before
+    with pg.open() as backend:
+        ia.publish(backend, trips(), settings(table=SHORT), window(DAY), now=NOW)
+    assert len(pg.rows(SHORT)) == 2
+
+
+def test_text_holding_a_nul_character_is_refused_with_the_rows(pg: Store) -> None:
+    """PostgreSQL text cannot hold U+0000; the COPY would fail with a raw encoding error."""
+    bad = asset(lambda: trips(zone=pa.array(["JFK\x00Airport", "Midtown"])))
+    refused(
+        pg,
+        bad,
+        "SchemaMismatchError",
+        "1 value(s) of 'zone' hold the character U+0000 (NUL), which Postgres text cannot store",
+        "df['zone'] = df['zone'].str.replace('\\x00', '', regex=False)",
+        "trip_id=1",
+    )
+
+    def fixed() -> pa.Table:
+        batch = trips(zone=pa.array(["JFK\x00Airport", "Midtown"]))
+        return batch.set_column(2, "zone", pc.replace_substring(batch["zone"], "\x00", ""))
+
+    assert run(pg, asset(fixed)).success
+    assert sorted(r[2] for r in pg.rows("trips")) == ["JFKAirport", "Midtown"]
+
+
+def test_text_longer_than_a_varchar_column_holds_is_refused_with_the_widening(pg: Store) -> None:
+    with pg.open() as backend:
+        backend.cur.execute("CREATE SCHEMA main")
+        backend.cur.execute(
+            "CREATE TABLE main.trips (trip_id bigint, pickup_at timestamp, zone varchar(3))"
+        )
+        backend.conn.commit()
+    bad = asset(lambda: trips(zone=pa.array(["JFK", "Midtown"])))
+    text = refused(
+        pg,
+        bad,
+        "SchemaMismatchError",
+        "1 value(s) of 'zone' are longer than the 3 characters main.trips.zone"
+        " (character varying(3)) holds, e.g. ['Midtown']",
+        "ALTER TABLE main.trips ALTER COLUMN zone TYPE character varying(7)",
+    )
+    statement = text.split("rerun: ", 1)[1].split("; or ", 1)[0]
+    with pg.open() as backend:
+        backend.cur.execute(statement)
+        backend.conn.commit()
+    assert run(pg, bad).success
+    assert sorted(r[2] for r in pg.rows("trips")) == ["JFK", "Midtown"]
+
+
+def test_a_decimal256_column_is_refused_with_the_cast_that_fits(pg: Store) -> None:
+    """The guards read the batch in DuckDB, which has no decimal256."""
+    values = pa.array([1, 2], pa.decimal256(40, 2))
+    refused(
+        pg,
+        asset(lambda: trips(price=values)),
+        "SchemaMismatchError",
+        "column 'price' is decimal256(40, 2)",
+        "batch = batch.set_column(batch.schema.get_field_index('price'), 'price',"
+        " batch['price'].cast(pa.decimal128(38, 2)))",
+    )
+
+    def fixed() -> pa.Table:
+        batch = trips(price=values)
+        return batch.set_column(
+            batch.schema.get_field_index("price"),
+            "price",
+            batch["price"].cast(pa.decimal128(38, 2)),
+        )
+
+    assert run(pg, asset(fixed)).success
