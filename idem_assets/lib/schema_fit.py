@@ -378,13 +378,16 @@ def _refuse_mismatch(
         )
         statements += [
             f"ALTER TABLE {target} ALTER COLUMN {name(c)} TYPE {spelt(dialect.stored_type(new))}"
-            for c, _, new in changed
+            + _reading(name(c), old, new)
+            for c, old, new in changed
         ]
     evolution = _evolution_hint(settings, dialect, batch_cols, missing, extra, changed)
+    aware = [c for c, old, new in changed if _is_aware(old) or _is_aware(new)]
     tz_hint = (
         " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
-        " make both naive (tz_localize(None)) or both aware."
-        if any(_is_aware(old) or _is_aware(new) for _, old, new in changed)
+        " make both naive, in UTC (df['{0}'] = df['{0}'].dt.tz_convert('UTC')"
+        ".dt.tz_localize(None)), or both aware.".format(aware[0])
+        if aware
         else ""
     )
     raise SchemaMismatchError(
@@ -397,6 +400,22 @@ def _refuse_mismatch(
         + "."
         + tz_hint
     )
+
+
+def _reading(column: str, old: pa.DataType, new: pa.DataType) -> str:
+    """The ``USING`` clause that keeps every instant when a column gains or loses its zone.
+
+    Without it the conversion reads naive values in the session's time zone (and writes aware
+    ones out in it), so a session outside UTC would shift every stored value. Naive values are
+    UTC here, as partition windows are.
+    """
+    if (
+        pa.types.is_timestamp(old)
+        and pa.types.is_timestamp(new)
+        and _is_aware(old) != _is_aware(new)
+    ):
+        return f" USING {column} AT TIME ZONE 'UTC'"
+    return ""
 
 
 def _evolution_hint(
@@ -548,6 +567,75 @@ def _widened(spelt: str, length: int) -> str:
 
 def _rows_text(rows: pa.Table) -> str:
     return format_sample(rows.column_names, list(zip(*rows.to_pydict().values(), strict=True)))
+
+
+@dataclass(frozen=True)
+class StoredDigits:
+    """What the values of a decimal column of no declared precision need, read from the table."""
+
+    #: Digits before the point of the widest value, and after it of the longest fraction.
+    integer: int
+    scale: int
+    #: Whether every value stored reads back unchanged through a double.
+    exact_in_double: bool
+
+
+def refuse_unreadable_columns(
+    settings: WriteSettings,
+    where: str,
+    batch: pa.Schema,
+    unreadable: dict[str, str],
+    digits: dict[str, StoredDigits],
+    dialect: TypeDialect,
+) -> None:
+    """Refuse a table holding columns of types the engine cannot exchange as Arrow.
+
+    ``unreadable`` maps each such column to its type as the engine spells it; ``digits`` holds
+    the stored values' digits of those of them that are decimals without a declared precision.
+    The fix gives each column the type the batch's column is stored as, wide enough to keep
+    every value stored now unchanged.
+    """
+    if not unreadable:
+        return
+    target = f"{dialect.sql_name(settings.schema)}.{dialect.sql_name(settings.table)}"
+    batch_types = {f.name.lower(): f.type for f in batch}
+    statements, notes = [], []
+    for column in unreadable:
+        name, sent = dialect.sql_name(column), batch_types.get(column.lower())
+        kind, note = f"text USING {name}::text", ""
+        if column in digits:
+            kind, note = _decimal_home(column, digits[column], sent, dialect)
+        statements.append(f"ALTER TABLE {target} ALTER COLUMN {name} TYPE {kind}")
+        notes += [note] if note else []
+    named = ", ".join(f"{c} ({t})" for c, t in unreadable.items())
+    raise SchemaMismatchError(
+        f"Refused to write {where}: table {target} has column(s) {named} of a type"
+        f" {dialect.engine} does not exchange as Arrow, so the batch could be neither checked"
+        " against them nor read back. Nothing was changed. Fix: give them a type it does (no"
+        " value stored now changes), then rerun: " + "; ".join(statements) + "." + "".join(notes)
+    )
+
+
+def _decimal_home(
+    column: str, stored: StoredDigits, sent: pa.DataType | None, dialect: TypeDialect
+) -> tuple[str, str]:
+    """The type a decimal column of no precision takes to hold its values and the batch's."""
+    if sent is not None and pa.types.is_floating(sent) and stored.exact_in_double:
+        return dialect.type_sql(pa.float64()), ""
+    have = _digits(sent) if sent is not None else None
+    integer = max(stored.integer, have[0] if have else 0, 1)
+    scale = max(stored.scale, have[1] if have else 0)
+    if integer + scale > 38:
+        # Past 38 digits no Arrow decimal128 holds it: text keeps every value.
+        return f"text USING {dialect.sql_name(column)}::text", ""
+    kind = dialect.type_sql(pa.decimal128(integer + scale, scale))
+    note = ""
+    if have is None and sent is not None:
+        note = (
+            f" The batch's '{column}' must then be decimals too, e.g. pa.array(values,"
+            f" pa.decimal128({integer + scale}, {scale}))."
+        )
+    return kind, note
 
 
 def stored_batch(batch: pa.Table, fits: Sequence[ColumnFit]) -> pa.Table:

@@ -6,6 +6,7 @@ fix the message prints, applied as printed, lets the rerun succeed. docs/bad-inp
 every case with its message (its PostgreSQL section).
 """
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,8 @@ TRIPS: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id
 LONG = "ü" * 31 + "xa"
 #: The same name cut to 63 bytes, as the refusal advises.
 SHORT = "ü" * 31 + "x"
+#: The session time zone printed statements run in: a migration must not depend on it.
+OTHER_ZONE = "America/New_York"
 
 
 @pytest.fixture
@@ -54,10 +57,25 @@ def asset(
     return compute
 
 
-def run(pg: Store, definition: dg.AssetsDefinition) -> dg.ExecuteInProcessResult:
+def run(pg: Store, definition: dg.AssetsDefinition, day: str = DAY) -> dg.ExecuteInProcessResult:
     return dg.materialize(
-        [definition], resources=pg.resources(), partition_key=DAY, raise_on_error=False
+        [definition], resources=pg.resources(), partition_key=day, raise_on_error=False
     )
+
+
+def run_as_printed(pg: Store, statement: str) -> None:
+    """Run a statement a message printed, in a session whose time zone is not UTC."""
+    with pg.open() as backend:
+        backend.cur.execute(f"SET TimeZone = '{OTHER_ZONE}'")
+        backend.cur.execute(statement)
+        backend.conn.commit()
+
+
+def printed_migration(text: str) -> str:
+    """The statement(s) a schema refusal prints after 'then rerun: '."""
+    found = re.search(r"then rerun: (.*?)(?:; or |\.(?:\s|$))", text)
+    assert found, text
+    return found[1]
 
 
 def failure(result: dg.ExecuteInProcessResult) -> str:
@@ -72,15 +90,25 @@ def failure(result: dg.ExecuteInProcessResult) -> str:
     return "\n".join(parts)
 
 
-def refused(pg: Store, definition: dg.AssetsDefinition, error: str, *fragments: str) -> str:
-    """Materialise ``definition``: refused with ``error`` and ``fragments``, nothing changed."""
-    before = pg.snapshot()
+def refused(
+    pg: Store,
+    definition: dg.AssetsDefinition,
+    error: str,
+    *fragments: str,
+    snapshot: Callable[[], object] | None = None,
+) -> str:
+    """Materialise ``definition``: refused with ``error`` and ``fragments``, nothing changed.
+
+    ``snapshot`` reads the database (every table's fingerprint unless told).
+    """
+    snapshot = snapshot or pg.snapshot
+    before = snapshot()
     text = failure(run(pg, definition))
     assert f"{error}: Refused to write asset" in text, text
     assert "Nothing was changed. Fix:" in text, text
     for fragment in fragments:
         assert fragment in text, f"{fragment!r} not in:\n{text}"
-    assert pg.snapshot() == before
+    assert snapshot() == before
     return text
 
 
@@ -156,10 +184,7 @@ def test_text_longer_than_a_varchar_column_holds_is_refused_with_the_widening(pg
         " (character varying(3)) holds, e.g. ['Midtown']",
         "ALTER TABLE main.trips ALTER COLUMN zone TYPE character varying(7)",
     )
-    statement = text.split("rerun: ", 1)[1].split("; or ", 1)[0]
-    with pg.open() as backend:
-        backend.cur.execute(statement)
-        backend.conn.commit()
+    run_as_printed(pg, printed_migration(text))
     assert run(pg, bad).success
     assert sorted(r[2] for r in pg.rows("trips")) == ["JFK", "Midtown"]
 
@@ -185,3 +210,77 @@ def test_a_decimal256_column_is_refused_with_the_cast_that_fits(pg: Store) -> No
         )
 
     assert run(pg, asset(fixed)).success
+
+
+def at(day: str, hour: int, minute: int = 0, aware: bool = False) -> pa.Array:
+    """One pickup time on ``day``; aware ones in UTC."""
+    start = datetime.fromisoformat(day).replace(hour=hour, minute=minute)
+    return pa.array([start], pa.timestamp("us", tz="UTC" if aware else None))
+
+
+@pytest.mark.parametrize("table_aware", [False, True], ids=["naive-table", "aware-table"])
+def test_the_printed_time_zone_migration_keeps_every_instant_in_any_session(
+    pg: Store, table_aware: bool
+) -> None:
+    """Run in a New York session, a bare TYPE change would move 23:30 UTC into the next day."""
+
+    def trip(trip_id: int, day: str, aware: bool) -> Callable[[], pa.Table]:
+        return lambda: pa.table(
+            {"trip_id": pa.array([trip_id], pa.int64()), "pickup_at": at(day, 23, 30, aware)}
+        )
+
+    first = "2026-01-01"
+    assert run(pg, asset(trip(1, first, table_aware)), first).success
+    batch = asset(trip(2, DAY, not table_aware))
+    kind = "timestamp" if table_aware else "timestamp with time zone"
+    text = refused(
+        pg,
+        batch,
+        "SchemaMismatchError",
+        f"ALTER TABLE main.trips ALTER COLUMN pickup_at TYPE {kind}"
+        " USING pickup_at AT TIME ZONE 'UTC'",
+        "df['pickup_at'] = df['pickup_at'].dt.tz_convert('UTC').dt.tz_localize(None)",
+    )
+    run_as_printed(pg, printed_migration(text))
+    assert run(pg, batch).success
+    # Both trips at 23:30 UTC of their own day: the migration moved no value, the rerun no row.
+    with pg.open() as backend:
+        backend.cur.execute(
+            "SELECT trip_id, to_char(pickup_at, 'YYYY-MM-DD HH24:MI') FROM main.trips ORDER BY 1"
+        )
+        assert backend.cur.fetchall() == [(1, f"{first} 23:30"), (2, f"{DAY} 23:30")]
+
+
+@pytest.mark.parametrize("sent", ["decimal", "double"])
+def test_a_numeric_column_without_precision_is_given_one_that_keeps_its_values(
+    pg: Store, sent: str
+) -> None:
+    """The printed type holds every stored value and the batch's: the rerun then succeeds."""
+    with pg.open() as backend:
+        backend.cur.execute("CREATE SCHEMA main")
+        backend.cur.execute(
+            "CREATE TABLE main.trips (trip_id bigint, pickup_at timestamp, fare numeric)"
+        )
+        backend.cur.execute("INSERT INTO main.trips VALUES (1, '2026-01-01 10:00', 123.4567)")
+        backend.conn.commit()
+    fares = {
+        "decimal": pa.array([12345678, 2], pa.decimal128(10, 2)),
+        "double": pa.array([1.25, 2.5]),
+    }
+    bad = asset(lambda: trips(fare=fares[sent]))
+    kind = "numeric(12,4)" if sent == "decimal" else "double precision"
+    text = refused(
+        pg,
+        bad,
+        "SchemaMismatchError",
+        "has column(s) fare (numeric) of a type Postgres does not exchange as Arrow",
+        f"ALTER TABLE main.trips ALTER COLUMN fare TYPE {kind}",
+        # Nothing fingerprints a column it cannot read: compare its rows as the server has them.
+        snapshot=lambda: pg.rows("trips"),
+    )
+    run_as_printed(pg, printed_migration(text))
+    assert run(pg, bad).success
+    with pg.open() as backend:
+        backend.cur.execute("SELECT fare::text FROM main.trips ORDER BY trip_id")
+        stored = [r[0] for r in backend.cur.fetchall()]
+    assert stored[0] == "123.4567"

@@ -40,11 +40,13 @@ from idem_assets.lib.samples import format_sample
 from idem_assets.lib.schema_fit import (
     ColumnFit,
     SchemaChange,
+    StoredDigits,
     change_sql,
     evolved,
     fit_columns,
     refuse_cut_names,
     refuse_lossy_values,
+    refuse_unreadable_columns,
     refuse_unstorable_text,
     schema_changes,
     stored_batch,
@@ -317,6 +319,10 @@ class PostgresBackend:
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Cast the batch to the stored names and types in Arrow, and hand it to the guards."""
         refuse_cut_names(settings, where, batch.column_names, DIALECT.name_bytes, DIALECT.engine)
+        cols = self._table_cols or {}
+        unreadable = {c: kind for c, kind in cols.items() if arrow_type(kind) is None}
+        digits = {c: self._digits(settings, c) for c, k in unreadable.items() if k == "numeric"}
+        refuse_unreadable_columns(settings, where, batch.schema, unreadable, digits, DIALECT)
         table = _arrow_types(self._table_cols, _name(settings)) if self._table_cols else None
         changes = schema_changes(settings, where, batch.schema, table, DIALECT)
         if table is not None and changes:
@@ -353,6 +359,11 @@ class PostgresBackend:
             },
             changes=tuple(changes),
         )
+
+    def _digits(self, settings: WriteSettings, column: str) -> StoredDigits:
+        """The digits the values of a ``numeric`` column without precision need."""
+        found = self._rows(sql.numeric_digits(_name_sql(settings), column))[0]
+        return StoredDigits(found[0] or 0, found[1] or 0, found[2] is not False)
 
     def evolve(self, settings: WriteSettings, changes: Sequence[SchemaChange]) -> None:
         """Run each change's ALTER TABLE: PostgreSQL's DDL is part of the open transaction."""
@@ -686,6 +697,10 @@ def _target(scope: Scope) -> str:
 
 def _name(settings: WriteSettings) -> str:
     return f"{settings.schema}.{settings.table}"
+
+
+def _name_sql(settings: WriteSettings) -> str:
+    return qualified(settings.schema, settings.table)
 
 
 #: Column types that store a value otherwise than the staged batch holds it: fractional

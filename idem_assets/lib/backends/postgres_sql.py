@@ -84,6 +84,20 @@ def table_columns(schema: str, table: str) -> Statement:
     )
 
 
+def numeric_digits(target: str, column: str) -> str:
+    """The digits a ``numeric`` column's values need: one row of ``(integer, scale, exact)``.
+
+    ``exact``: whether every value reads back unchanged through a double.
+    """
+    c = quote(column)
+    # A double holds magnitudes up to about 1e308; a larger value is not exact in one anyway.
+    exact = f"CASE WHEN abs({c}) < 1e300 THEN {c}::float8::numeric = {c} ELSE false END"
+    return (
+        f"SELECT max(length(trunc(abs({c}))::text)), max(scale({c})), bool_and({exact})"
+        f" FROM {target} WHERE {c} <> 'NaN'"
+    )
+
+
 def create_table(target: str, columns: Sequence[tuple[str, str]]) -> str:
     """Create ``target`` with ``(name, type_sql)`` columns."""
     cols = ", ".join(f"{quote(name)} {kind}" for name, kind in columns)
