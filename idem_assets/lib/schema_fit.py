@@ -378,15 +378,17 @@ def _refuse_mismatch(
         )
         statements += [
             f"ALTER TABLE {target} ALTER COLUMN {name(c)} TYPE {spelt(dialect.stored_type(new))}"
-            + _reading(name(c), old, new)
+            + _reading(name(c), old, new, settings.timezone)
             for c, old, new in changed
         ]
     evolution = _evolution_hint(settings, dialect, batch_cols, missing, extra, changed)
     aware = [c for c, old, new in changed if _is_aware(old) or _is_aware(new)]
     tz_hint = (
         " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
-        " make both naive, in UTC (df['{0}'] = df['{0}'].dt.tz_convert('UTC')"
-        ".dt.tz_localize(None)), or both aware.".format(aware[0])
+        " make both naive, in the partitions' zone (df['{0}'] = df['{0}']"
+        ".dt.tz_convert('{1}').dt.tz_localize(None)), or both aware.".format(
+            aware[0], settings.timezone
+        )
         if aware
         else ""
     )
@@ -402,19 +404,19 @@ def _refuse_mismatch(
     )
 
 
-def _reading(column: str, old: pa.DataType, new: pa.DataType) -> str:
+def _reading(column: str, old: pa.DataType, new: pa.DataType, zone: str) -> str:
     """The ``USING`` clause that keeps every instant when a column gains or loses its zone.
 
     Without it the conversion reads naive values in the session's time zone (and writes aware
-    ones out in it), so a session outside UTC would shift every stored value. Naive values are
-    UTC here, as partition windows are.
+    ones out in it), so a session in another zone would shift every stored value. A naive
+    value is wall-clock time in the partitions' ``zone``, as windows read it.
     """
     if (
         pa.types.is_timestamp(old)
         and pa.types.is_timestamp(new)
         and _is_aware(old) != _is_aware(new)
     ):
-        return f" USING {column} AT TIME ZONE 'UTC'"
+        return f" USING {column} AT TIME ZONE '{zone}'"
     return ""
 
 

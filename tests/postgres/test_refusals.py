@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import dagster as dg
 import pyarrow as pa
@@ -29,7 +30,7 @@ LONG = "ü" * 31 + "xa"
 #: The same name cut to 63 bytes, as the refusal advises.
 SHORT = "ü" * 31 + "x"
 #: The session time zone printed statements run in: a migration must not depend on it.
-OTHER_ZONE = "America/New_York"
+OTHER_ZONE = "Asia/Tokyo"
 
 
 @pytest.fixture
@@ -48,9 +49,12 @@ def trips(**columns: pa.Array) -> pa.Table:
 
 
 def asset(
-    batch: Callable[[], pa.Table], name: str = "trips", metadata: dict[str, Any] | None = None
+    batch: Callable[[], pa.Table],
+    name: str = "trips",
+    metadata: dict[str, Any] | None = None,
+    partitions_def: dg.PartitionsDefinition = DAILY,
 ) -> dg.AssetsDefinition:
-    @dg.asset(name=name, partitions_def=DAILY, metadata=metadata or TRIPS)
+    @dg.asset(name=name, partitions_def=partitions_def, metadata=metadata or TRIPS)
     def compute() -> pa.Table:
         return batch()
 
@@ -212,41 +216,46 @@ def test_a_decimal256_column_is_refused_with_the_cast_that_fits(pg: Store) -> No
     assert run(pg, asset(fixed)).success
 
 
-def at(day: str, hour: int, minute: int = 0, aware: bool = False) -> pa.Array:
-    """One pickup time on ``day``; aware ones in UTC."""
-    start = datetime.fromisoformat(day).replace(hour=hour, minute=minute)
-    return pa.array([start], pa.timestamp("us", tz="UTC" if aware else None))
-
-
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
 @pytest.mark.parametrize("table_aware", [False, True], ids=["naive-table", "aware-table"])
 def test_the_printed_time_zone_migration_keeps_every_instant_in_any_session(
-    pg: Store, table_aware: bool
+    pg: Store, table_aware: bool, zone: str
 ) -> None:
-    """Run in a New York session, a bare TYPE change would move 23:30 UTC into the next day."""
+    """A bare TYPE change reads naive values in the session's zone and would move them.
 
-    def trip(trip_id: int, day: str, aware: bool) -> Callable[[], pa.Table]:
-        return lambda: pa.table(
-            {"trip_id": pa.array([trip_id], pa.int64()), "pickup_at": at(day, 23, 30, aware)}
-        )
+    A naive value is wall-clock time in the partitions' zone; run in a Tokyo session, the
+    printed conversion still reads it there, so 23:30 stays in its own day.
+    """
+    daily = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone=zone)
+
+    def trip(trip_id: int, day: str, aware: bool) -> dg.AssetsDefinition:
+        wall = datetime.fromisoformat(day).replace(hour=23, minute=30)
+        if aware:
+            # Arrow reads a naive datetime as UTC: make it the instant of that wall time.
+            wall = wall.replace(tzinfo=ZoneInfo(zone))
+        pickup = pa.array([wall], pa.timestamp("us", tz=zone if aware else None))
+        table = pa.table({"trip_id": pa.array([trip_id], pa.int64()), "pickup_at": pickup})
+        return asset(lambda: table, partitions_def=daily)
 
     first = "2026-01-01"
-    assert run(pg, asset(trip(1, first, table_aware)), first).success
-    batch = asset(trip(2, DAY, not table_aware))
+    assert run(pg, trip(1, first, table_aware), first).success
+    batch = trip(2, DAY, not table_aware)
     kind = "timestamp" if table_aware else "timestamp with time zone"
     text = refused(
         pg,
         batch,
         "SchemaMismatchError",
         f"ALTER TABLE main.trips ALTER COLUMN pickup_at TYPE {kind}"
-        " USING pickup_at AT TIME ZONE 'UTC'",
-        "df['pickup_at'] = df['pickup_at'].dt.tz_convert('UTC').dt.tz_localize(None)",
+        f" USING pickup_at AT TIME ZONE '{zone}'",
+        f"df['pickup_at'] = df['pickup_at'].dt.tz_convert('{zone}').dt.tz_localize(None)",
     )
     run_as_printed(pg, printed_migration(text))
     assert run(pg, batch).success
-    # Both trips at 23:30 UTC of their own day: the migration moved no value, the rerun no row.
+    # Both trips at 23:30 of their own day: the migration moved no value, the rerun no row.
+    wall = "pickup_at" if table_aware else f"pickup_at AT TIME ZONE '{zone}'"
     with pg.open() as backend:
         backend.cur.execute(
-            "SELECT trip_id, to_char(pickup_at, 'YYYY-MM-DD HH24:MI') FROM main.trips ORDER BY 1"
+            f"SELECT trip_id, to_char({wall}, 'YYYY-MM-DD HH24:MI') FROM main.trips ORDER BY 1"
         )
         assert backend.cur.fetchall() == [(1, f"{first} 23:30"), (2, f"{DAY} 23:30")]
 
