@@ -188,7 +188,7 @@ def _publish_in_transaction(
     evaluator = backend.evaluator()
     found = guards.profile(evaluator, scope)
     if found.outside:
-        backend.refuse_rounded_out(scope, found.rows)
+        guards.refuse_rounded_out(evaluator, scope, found.rows)
     guards.refuse_unsafe_rows(evaluator, scope, found)
     check_runtime_values(batch, settings, window, now)
     existing = backend.count_window(scope)

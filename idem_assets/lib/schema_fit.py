@@ -659,6 +659,18 @@ def stored_batch(batch: pa.Table, fits: Sequence[ColumnFit]) -> pa.Table:
     return pa.Table.from_arrays(columns, names=[fit.stored_name for fit in fits])
 
 
+def rounded_timestamps(values: pa.ChunkedArray, digits: int) -> pa.ChunkedArray:
+    """Microsecond timestamps rounded to ``digits`` fractional digits, half away from zero.
+
+    As PostgreSQL rounds a value stored in ``timestamp(digits)``, so staged values equal stored.
+    """
+    step = 10 ** (6 - digits)
+    micros = pc.cast(values, pa.int64())
+    # Integer division of a non-negative number truncates, so this rounds the magnitude.
+    magnitude = pc.multiply(pc.divide(pc.add(pc.abs(micros), step // 2), step), step)
+    return pc.cast(pc.if_else(pc.less(micros, 0), pc.negate(magnitude), magnitude), values.type)
+
+
 def _coarser(batch_type: pa.DataType, stored_type: pa.DataType) -> bool:
     """True when a timestamp is stored in a coarser unit than the batch's."""
     if not (pa.types.is_timestamp(batch_type) and pa.types.is_timestamp(stored_type)):

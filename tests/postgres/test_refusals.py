@@ -14,6 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import dagster as dg
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -293,3 +294,53 @@ def test_a_numeric_column_without_precision_is_given_one_that_keeps_its_values(
         backend.cur.execute("SELECT fare::text FROM main.trips ORDER BY trip_id")
         stored = [r[0] for r in backend.cur.fetchall()]
     assert stored[0] == "123.4567"
+
+
+@pytest.mark.parametrize(
+    ("column_type", "digits", "unit", "floor"),
+    [
+        ("timestamp(0)", 0, "second", "s"),
+        ("timestamptz(0)", 0, "second", "s"),
+        ("timestamp(1)", 1, "tenth of a second", "100ms"),
+        ("timestamp(3)", 3, "millisecond", "ms"),
+        ("timestamptz(5)", 5, "10 microseconds", "10us"),
+    ],
+)
+def test_a_value_the_stored_precision_rounds_into_the_next_day_is_refused(
+    pg: Store, column_type: str, digits: int, unit: str, floor: str
+) -> None:
+    """A user's timestamp(0) rounds 23:59:59.6 up to midnight: the next day's row, every rerun."""
+    aware = "tz" in column_type
+    with pg.open() as backend:
+        backend.cur.execute("CREATE SCHEMA main")
+        backend.cur.execute(f"CREATE TABLE main.trips (trip_id bigint, pickup_at {column_type})")
+        backend.conn.commit()
+    # Four tenths of the stored unit before midnight: rounded, it is midnight.
+    last = pd.Timestamp("2026-01-03") - pd.Timedelta(microseconds=4 * 10 ** (5 - digits))
+    frame = pd.DataFrame({"trip_id": [1, 2], "pickup_at": [pd.Timestamp("2026-01-02 08:00"), last]})
+    if aware:
+        frame["pickup_at"] = frame["pickup_at"].dt.tz_localize("UTC")
+    current = {"frame": frame}
+
+    @dg.asset(name="trips", partitions_def=DAILY, metadata=TRIPS)
+    def trips_frame() -> pd.DataFrame:
+        return current["frame"]
+
+    refused(
+        pg,
+        trips_frame,
+        "StrayRowsError",
+        "1 of 2 rows have 'pickup_at' inside the window at the batch's precision",
+        f"rounds to the nearest {unit}",
+        f"df['pickup_at'] = df['pickup_at'].dt.floor('{floor}')",
+    )
+    df = frame.copy()
+    df["pickup_at"] = df["pickup_at"].dt.floor(floor)
+    current["frame"] = df
+    for _ in range(3):
+        assert run(pg, trips_frame).success
+    with pg.open() as backend:
+        backend.cur.execute(
+            "SELECT count(*) FILTER (WHERE pickup_at < '2026-01-03'), count(*) FROM main.trips"
+        )
+        assert backend.cur.fetchall() == [(2, 2)]

@@ -25,11 +25,17 @@ import pyarrow as pa
 from idem_assets.lib import batch_sql, guards
 from idem_assets.lib.backends import duckdb_sql as duck_sql
 from idem_assets.lib.backends import postgres_sql as sql
-from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type, text_lengths
+from idem_assets.lib.backends.postgres_types import (
+    PostgresTypes,
+    arrow_type,
+    text_lengths,
+    timestamp_digits,
+)
 from idem_assets.lib.backends.protocol import (
     CommitConflict,
     Counts,
     PartitionColumns,
+    Rounding,
     Scope,
     Staged,
     Target,
@@ -48,6 +54,7 @@ from idem_assets.lib.schema_fit import (
     refuse_lossy_values,
     refuse_unreadable_columns,
     refuse_unstorable_text,
+    rounded_timestamps,
     schema_changes,
     stored_batch,
 )
@@ -332,15 +339,20 @@ class PostgresBackend:
         lengths = text_lengths(self._table_cols or {})
         refuse_unstorable_text(batch, fits, settings, where, DIALECT, lengths, holds_nul=False)
         stored = stored_batch(batch, fits)
+        rounds = _roundings(fits, self._table_cols or {})
+        for r in rounds:
+            # The server would round these; rounded here, the guards judge what it stores.
+            at = stored.schema.get_field_index(r.stored_name)
+            rounded = rounded_timestamps(stored.column(at), r.digits)
+            stored = stored.set_column(at, r.stored_name, rounded)
         if self._table_cols:
             # COPY fills columns in the table's order; an added column comes last, as ADD COLUMN
             # puts it.
             added = [c.column for c in changes if c.action == "add_column"]
             stored = stored.select([*self._table_cols, *added])
         self._fits, self._stored = fits, stored
-        name = BATCH_PREFIX + uuid.uuid4().hex
-        self.evaluator().register(name, stored)
-        self._registered.append(name)
+        relation = self._register(stored)
+        sent = self._register(batch) if rounds else ""
         by_name = {f.name.lower(): f for f in fits}
 
         def spelt(names: Sequence[str]) -> tuple[str, ...]:
@@ -352,12 +364,14 @@ class PostgresBackend:
             dedupe_order_by=spelt(settings.dedupe_order_by),
         )
         return Staged(
-            relation=quote(name),
+            relation=relation,
             settings=spelt_settings,
             partition_types={
                 c: by_name[c.lower()].stored_type for c in spelt_settings.partition_names
             },
             changes=tuple(changes),
+            rounds=rounds,
+            sent=sent,
         )
 
     def _digits(self, settings: WriteSettings, column: str) -> StoredDigits:
@@ -372,12 +386,6 @@ class PostgresBackend:
             self._run(change_sql(target, change, DIALECT))
         if self._table_cols is not None:
             self._table_cols |= {c.column: DIALECT.type_sql(c.type) for c in changes}
-
-    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
-        """Nothing to refuse: staging floors timestamps to whole microseconds.
-
-        Window bounds are whole microseconds too, so a floored value stays on its side of them.
-        """
 
     def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
         """The table's columns as Arrow types, or ``None`` when there is no table."""
@@ -701,6 +709,24 @@ def _name(settings: WriteSettings) -> str:
 
 def _name_sql(settings: WriteSettings) -> str:
     return qualified(settings.schema, settings.table)
+
+
+#: A timestamp unit's fractional second digits.
+_UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+
+
+def _roundings(fits: Sequence[ColumnFit], cols: dict[str, str]) -> tuple[Rounding, ...]:
+    """The table's timestamp columns that keep fewer fractional digits than the batch sends."""
+    found = []
+    for fit in fits:
+        digits = timestamp_digits(cols.get(fit.stored_name, ""))
+        if (
+            digits is not None
+            and pa.types.is_timestamp(fit.type)
+            and digits < _UNIT_DIGITS[fit.type.unit]
+        ):
+            found.append(Rounding(fit.name, fit.stored_name, digits, cols[fit.stored_name]))
+    return tuple(found)
 
 
 #: Column types that store a value otherwise than the staged batch holds it: fractional

@@ -116,6 +116,17 @@ def arrow_type(column_type: str) -> pa.DataType | None:
     return _FROM_POSTGRES.get(plain)
 
 
+_TIMESTAMP = re.compile(r"timestamp(?:\((\d)\))? with(?:out)? time zone")
+
+
+def timestamp_digits(column_type: str) -> int | None:
+    """The fractional second digits a ``timestamp(n)`` column keeps (6 without ``n``)."""
+    found = _TIMESTAMP.fullmatch(column_type)
+    if found is None:
+        return None
+    return int(found[1]) if found[1] is not None else 6
+
+
 _LENGTH = re.compile(r"(?:character varying|character)\((\d+)\)")
 
 
