@@ -203,7 +203,7 @@ def test_first_writers_of_a_new_table_both_commit(
     writers = [Writer(postgres_location, tmp_path, [d], 0) for d in DAYS[:2]]
     for writer in writers:
         writer.finish()
-    owners = query(postgres_location, 'SELECT * FROM public."idem-table-owners"')
+    owners = query(postgres_location, 'SELECT * FROM main."idem-table-owners"')
     assert owners == [("main", "trips", "trips")]
     expected = expected_per_day(postgres_location, [w.batch for w in writers])
     assert per_day(postgres_location) == expected

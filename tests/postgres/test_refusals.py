@@ -18,8 +18,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from postgres_server import PostgresServer
 
 import idem_assets as ia
+from idem_assets.lib.backends.postgres import PostgresLocation
 from tests.conformance.conftest import Store, postgres_store
 from tests.helpers import DAILY, NOW, settings, window
 
@@ -344,3 +346,75 @@ def test_a_value_the_stored_precision_rounds_into_the_next_day_is_refused(
             "SELECT count(*) FILTER (WHERE pickup_at < '2026-01-03'), count(*) FROM main.trips"
         )
         assert backend.cur.fetchall() == [(2, 2)]
+
+
+def test_a_role_owning_only_its_schema_writes_merges_and_reruns(
+    postgres_server: PostgresServer,
+    postgres_location: PostgresLocation,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The grants docs/postgres.md prints, run as printed: a schema of its own and nothing else.
+
+    The owners record lives in the asset's schema, and a schema that exists is not created
+    again (CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even then).
+    """
+    database = postgres_location.database
+    for statement in role_grants():
+        postgres_server.psql(statement, database)
+    monkeypatch.setenv("IDEM_WRITER_PASSWORD", "change-me")
+    config = {
+        "host": postgres_location.host,
+        "port": postgres_location.port,
+        "user": "warehouse_writer",
+        "database": database,
+        "password_env": "IDEM_WRITER_PASSWORD",
+    }
+    resources = {
+        "io_manager": ia.PostgresOverwriteIOManager(**config),
+        "merge_io_manager": ia.PostgresMergeIOManager(**config),
+    }
+    for name, manager in [("replaced", "io_manager"), ("merged", "merge_io_manager")]:
+        definition = dg.asset(
+            name=name,
+            partitions_def=DAILY,
+            metadata={**TRIPS, "schema": "sales"},
+            io_manager_key=manager,
+        )(lambda: trips())
+        for _ in range(2):
+            result = dg.materialize(
+                [definition], resources=resources, partition_key=DAY, raise_on_error=False
+            )
+            assert result.success, failure(result)
+    owners = postgres_server.psql('SELECT * FROM sales."idem-table-owners" ORDER BY 2', database)
+    assert owners.split() == ["sales|merged|merged", "sales|replaced|replaced"]
+    assert postgres_server.psql("SELECT count(*) FROM sales.replaced", database).strip() == "2"
+
+
+def role_grants() -> list[str]:
+    """The statements under docs/postgres.md's "A role that owns only its schema", as printed."""
+    text = (DOCS.parent / "postgres.md").read_text()
+    block = text.split("\n**A role that owns only its schema**", 1)[1]
+    block = block.split("```sql\n", 1)[1].split("```", 1)[0]
+    return [line.rstrip(";") for line in block.splitlines() if line.strip()]
+
+
+def test_an_owners_record_kept_in_public_is_still_honoured(pg: Store) -> None:
+    """Records from before each schema kept its own: another asset's table stays refused."""
+    with pg.open() as backend:
+        backend.cur.execute(
+            'CREATE TABLE public."idem-table-owners" (schema_key text, table_key text,'
+            " asset_key text NOT NULL, PRIMARY KEY (schema_key, table_key))"
+        )
+        backend.cur.execute(
+            """INSERT INTO public."idem-table-owners" VALUES ('main', 'trips', 'old_trips')"""
+        )
+        backend.conn.commit()
+    text = refused(
+        pg,
+        asset(trips),
+        "ConfigurationError",
+        "table main.trips belongs to asset 'old_trips', which wrote it first",
+        """UPDATE "public"."idem-table-owners" SET asset_key = 'trips'""",
+    )
+    run_as_printed(pg, text.split("hand the table over first: ", 1)[1].split(".\n", 1)[0])
+    assert run(pg, asset(trips)).success

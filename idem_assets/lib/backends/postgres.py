@@ -41,7 +41,7 @@ from idem_assets.lib.backends.protocol import (
     Target,
 )
 from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
-from idem_assets.lib.identifiers import qualified, quote
+from idem_assets.lib.identifiers import qualified, quote, validate_identifier
 from idem_assets.lib.samples import format_sample
 from idem_assets.lib.schema_fit import (
     ColumnFit,
@@ -65,9 +65,11 @@ from idem_assets.lib.windows import Region, WriteWindow, region_of
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
 BATCH_PREFIX = "idem-batch-"
 KEYS_PREFIX = "idem-keys-"
-OWNERS_SCHEMA = "public"
+#: Each schema records which asset writes which of its tables in a table of its own, so a role
+#: that owns only its schema keeps the record where it can write.
 OWNERS_TABLE = "idem-table-owners"
-OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
+#: Where the records were kept before: one found there is still honoured.
+LEGACY_OWNERS_SCHEMA = "public"
 #: Pinned per session, so a value read as text (a sample in a message) reads the same for everyone.
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c extra_float_digits=1"
 DIALECT = PostgresTypes()
@@ -192,6 +194,11 @@ def _libpq_quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def owners_of(schema: str) -> str:
+    """The owners table of ``schema``, as SQL spells it."""
+    return f"{quote(validate_identifier(schema, 'schema'))}.{quote(OWNERS_TABLE)}"
+
+
 class PostgresConnectionError(ConnectionError):
     """The server refused or could not be reached; the message never holds the password."""
 
@@ -242,6 +249,8 @@ class PostgresBackend:
         #: The table's columns as described, before any lock: a concurrent writer may change
         #: them until this publish holds the table.
         self._described: dict[str, str] | None = None
+        self._owners_exist = False
+        self._owners_at = ""
 
     def close(self) -> None:
         """Close the cursor and the embedded evaluator (not the connection)."""
@@ -303,21 +312,25 @@ class PostgresBackend:
         return self._duck
 
     def describe(self, settings: WriteSettings) -> Target:
-        """One catalog query for the table's columns and the owners table."""
-        rows = self._rows(
-            sql.describe((OWNERS_SCHEMA, OWNERS_TABLE), settings.schema, settings.table)
-        )
-        self._table_cols = {name: kind for own, name, kind in rows if not own} or None
+        """One catalog query for the table's columns and the owners tables."""
+        s = settings
+        rows = self._rows(sql.describe(OWNERS_TABLE, LEGACY_OWNERS_SCHEMA, s.schema, s.table))
+        kinds = {kind for kind, _, _ in rows}
+        self._table_cols = {name: t for kind, name, t in rows if kind == 0} or None
         self._described = dict(self._table_cols) if self._table_cols else None
-        owner = None
-        if any(own for own, _, _ in rows):
-            owner = self._owner(settings)
+        self._owners_exist = 1 in kinds
+        self._owners_at = owners_of(s.schema)
+        owner = self._owner(settings, self._owners_at) if 1 in kinds else None
+        if owner is None and 2 in kinds:
+            owner = self._owner(settings, owners_of(LEGACY_OWNERS_SCHEMA))
+            if owner is not None:
+                self._owners_at = owners_of(LEGACY_OWNERS_SCHEMA)
         return Target(exists=self._table_cols is not None, owner=owner)
 
-    def _owner(self, settings: WriteSettings) -> str | None:
+    def _owner(self, settings: WriteSettings, owners: str) -> str | None:
         found = self._rows(
             (
-                f"SELECT asset_key FROM {OWNERS} WHERE schema_key = $1 AND table_key = $2",
+                f"SELECT asset_key FROM {owners} WHERE schema_key = $1 AND table_key = $2",
                 [settings.schema.lower(), settings.table.lower()],
             )
         )
@@ -502,25 +515,41 @@ class PostgresBackend:
         return self._rows(q)[0][1]
 
     def claim(self, settings: WriteSettings) -> None:
-        """Record the asset as the owner of its table, unless another writer just did."""
-        self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
-        self._run(
-            f"CREATE TABLE IF NOT EXISTS {OWNERS} (schema_key text, table_key text,"
-            " asset_key text NOT NULL, PRIMARY KEY (schema_key, table_key))"
-        )
+        """Record the asset as the owner of its table, unless another writer just did.
+
+        Two claims of one table meet on the owners table's key: the later waits for the
+        earlier's commit, inserts nothing, and reads the earlier's record.
+        """
+        owners = owners_of(settings.schema)
+        if not self._owners_exist:
+            self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
+            self._create_schema(settings.schema)
+            self._run(
+                f"CREATE TABLE IF NOT EXISTS {owners} (schema_key text, table_key text,"
+                " asset_key text NOT NULL, PRIMARY KEY (schema_key, table_key))"
+            )
         self._run(
             (
-                f"INSERT INTO {OWNERS} VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                f"INSERT INTO {owners} VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
                 [settings.schema.lower(), settings.table.lower(), settings.asset],
             )
         )
-        owner = self._owner(settings)
+        owner = self._owner(settings, owners)
         if owner is not None:
-            guards.refuse_other_owner(settings, self._where, owner, OWNERS)
+            guards.refuse_other_owner(settings, self._where, owner, owners)
+
+    def _create_schema(self, schema: str) -> None:
+        """Create ``schema`` unless it exists (under the DDL lock, so no other writer races it).
+
+        Not CREATE SCHEMA IF NOT EXISTS: that asks for CREATE on the database even for a
+        schema that exists, which a role owning only its schema lacks.
+        """
+        if not self._rows(sql.schema_exists(schema)):
+            self._run(f"CREATE SCHEMA {quote(schema)}")
 
     def owners_text(self) -> str:
-        """The owners table as SQL spells it."""
-        return OWNERS
+        """The owners table holding the target's record, as SQL spells it."""
+        return self._owners_at
 
     def _create(self, scope: Scope) -> None:
         if scope.table_exists:
@@ -531,7 +560,7 @@ class PostgresBackend:
             # Another writer created it while this one waited for the lock: the batch was
             # fitted to no table, so it is fitted again to the one that writer created.
             raise CommitConflict(f"a concurrent writer created table {_name(s)}")
-        self._run(f"CREATE SCHEMA IF NOT EXISTS {quote(s.schema)}")
+        self._create_schema(s.schema)
         columns = [(f.stored_name, DIALECT.type_sql(f.stored_type)) for f in self._fits]
         self._run(sql.create_table(_target(scope), columns))
         if s.partition_names:
@@ -671,8 +700,7 @@ class PostgresBackend:
         name = f"{schema}.{table}"
         region = region_of(window, partition_columns, lambda c: _arrow_type(cols, c, name), name)
         # The library's own table has a name no user table can have, so it skips that check.
-        own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
-        target = OWNERS if own else qualified(schema, table)
+        target = owners_of(schema) if table == OWNERS_TABLE else qualified(schema, table)
         rows = self._read(target, schema, table, region)
         name = BATCH_PREFIX + uuid.uuid4().hex
         duck = self.evaluator()
