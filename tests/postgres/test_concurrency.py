@@ -316,7 +316,7 @@ def test_two_writers_adding_one_column_both_commit(
     )
     first.wait_for(hold_at)
     second = Writer(postgres_location, tmp_path, [DAYS[2]], 0, batch=batches[1], metadata=metadata)
-    # Before the fix it waited on the first's table lock (relation), then failed or deadlocked.
+    # On the table's schema lock (advisory); a writer without it waits on the ALTER (relation).
     wait_until_blocked(postgres_location, second.wait_for("pid"), ("advisory", "relation"))
     first.finish()
     second.finish()
