@@ -30,7 +30,9 @@ def window_predicate(
     return span_predicate(c, spans)
 
 
-def span_predicate(expression: str, spans: Sequence[tuple[Bound, Bound]]) -> Statement:
+def span_predicate(
+    expression: str, spans: Sequence[tuple[Bound, Bound]] | Sequence[tuple[int, int]]
+) -> Statement:
     """``expression`` (SQL built from validated names) inside any half-open span."""
     parts = [f"({expression} >= ? AND {expression} < ?)" for _ in spans]
     params: list[Any] = [b for span in spans for b in span]
@@ -113,6 +115,43 @@ def batch_profile(
         null_key, duplicates = "0", "0"
     sql = f"SELECT count(*), {null_partition}, {outside}, {null_key}, {duplicates} FROM {source}"
     return sql, params
+
+
+def rounded_out_of_window(
+    source: str,
+    column: str,
+    digits: int,
+    spans: Sequence[tuple[int, int]],
+    aware: bool,
+    limit: int = 5,
+) -> Statement:
+    """Rows inside the window as sent that rounding to ``digits`` fractional digits moves out.
+
+    Values and ``spans`` are compared as nanoseconds since the epoch (naive values as if UTC,
+    as their bounds are), rounded half away from zero. Columns returned: ``batch_value,
+    stored_value, rows`` (``rows`` counts them all), the values as text so nanoseconds survive.
+    """
+    c = quote(validate_identifier(column, "partition column"))
+    ns, step = f"epoch_ns({c})", 10 ** (9 - digits)
+    half = step // 2
+    stored = (
+        f"(CASE WHEN {ns} >= 0 THEN ({ns} + {half}) // {step} * {step}"
+        f" ELSE -((-{ns} + {half}) // {step} * {step}) END)"
+    )
+    inside, params = span_predicate(ns, spans)
+    stays, stored_params = span_predicate(stored, spans)
+    # An aware value reads as text in the evaluator's zone: shown from its instant, in UTC.
+    zone = " || '+00'" if aware else ""
+    shown = (
+        f"CAST(make_timestamp({ns} // 1000) AS VARCHAR){zone}" if aware else f"CAST({c} AS VARCHAR)"
+    )
+    return (
+        f"SELECT {shown} AS batch_value,"
+        f" CAST(make_timestamp({stored} // 1000) AS VARCHAR){zone} AS stored_value,"
+        f" count(*) OVER () AS rows FROM {source} WHERE {c} IS NOT NULL AND {inside}"
+        f" AND NOT {stays} ORDER BY {c} LIMIT {int(limit)}",
+        params + stored_params,
+    )
 
 
 def stray_rows_sample(

@@ -6,8 +6,10 @@ evaluator), the target through the counts its backend reports. Each guard raises
 """
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import duckdb
+import pyarrow as pa
 
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends.protocol import Counts, Scope
@@ -19,8 +21,11 @@ from idem_assets.lib.errors import (
     NullValueError,
     StrayRowsError,
 )
+from idem_assets.lib.identifiers import quote
+from idem_assets.lib.samples import format_sample
 from idem_assets.lib.samples import sample_text as sample
 from idem_assets.lib.settings import WriteSettings
+from idem_assets.lib.windows import Bound, spans_for
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,8 @@ def profile(conn: duckdb.DuckDBPyConnection, scope: Scope) -> BatchProfile:
 def refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: Scope, found: BatchProfile) -> None:
     """Refuse NULL or stray partition values, NULL keys and (for a merge) duplicate keys.
 
-    Stray rows that only the stored precision moves out of the window are the backend's to
-    explain (:meth:`Backend.refuse_rounded_out`); call it before this one when ``outside``.
+    Stray rows that only the stored precision moves out of the window are explained by
+    :func:`refuse_rounded_out`; call it before this one when ``outside``.
     """
     source, pcols, key, where = scope.staged.relation, scope.pcols, scope.key, scope.where
     rows = found.rows
@@ -89,6 +94,65 @@ def refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: Scope, found: Bat
         )
 
 
+#: A number of fractional second digits: its unit's name, and its ``pandas`` floor frequency.
+_ROUNDED_TO = {
+    0: ("second", "s"),
+    1: ("tenth of a second", "100ms"),
+    2: ("hundredth of a second", "10ms"),
+    3: ("millisecond", "ms"),
+    4: ("100 microseconds", "100us"),
+    5: ("10 microseconds", "10us"),
+    6: ("microsecond", "us"),
+}
+
+
+def refuse_rounded_out(conn: duckdb.DuckDBPyConnection, scope: Scope, rows: int) -> None:
+    """Refuse rows inside the window as sent but outside it as stored, rounded.
+
+    Driven by the stored precision the backend reports (:attr:`Staged.rounds`): a column that
+    keeps fewer fractional digits than the batch rounds 23:59:59.7 up to the next day, where
+    that day's run would delete the row and every rerun of this one add it again.
+    """
+    window, time_column, staged = scope.window, scope.time_column, scope.staged
+    if window is None or time_column is None or not window.timed:
+        return
+    rounding = next((r for r in staged.rounds if r.stored_name == time_column), None)
+    if rounding is None:
+        return
+    stored_type = staged.partition_types[time_column]
+    spans = [(_epoch_ns(a), _epoch_ns(b)) for a, b in spans_for(window, stored_type)]
+    aware = pa.types.is_timestamp(stored_type) and stored_type.tz is not None
+    q, p = batch_sql.rounded_out_of_window(
+        staged.sent, rounding.column, rounding.digits, spans, aware
+    )
+    found = conn.execute(q, p).fetchall()
+    if not found:
+        return
+    unit, floor = _ROUNDED_TO[rounding.digits]
+    c = rounding.column
+    batch_type = conn.execute(f"DESCRIBE SELECT {quote(c)} FROM {staged.sent}").fetchall()[0][1]
+    raise StrayRowsError(
+        f"Refused to write {scope.where}: {found[0][2]} of {rows} rows have '{c}' inside the"
+        f" window at the batch's precision ({batch_type}) but outside it as stored: the"
+        f" table's {rounding.stored_sql} rounds to the nearest {unit}, so {found[0][0]} becomes"
+        f" {found[0][1]}. Stored there, a row would belong to the next partition: that"
+        " partition's run would delete it, and every rerun of this one would add it again."
+        " Nothing was changed. Fix: floor the column to the stored precision before returning"
+        f" it, e.g. df['{c}'] = df['{c}'].dt.floor('{floor}'). Sample:\n"
+        + format_sample(["batch_value", "stored_value"], [r[:2] for r in found])
+    )
+
+
+def _epoch_ns(bound: Bound) -> int:
+    """A timestamp bound as nanoseconds since the epoch (a naive one as if UTC)."""
+    assert isinstance(bound, datetime), "a timestamp column's window bounds are datetimes"
+    aware = bound if bound.tzinfo is not None else bound.replace(tzinfo=UTC)
+    return (aware - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def refuse_erasing(
     conn: duckdb.DuckDBPyConnection, scope: Scope, rows: int, existing: Counts
 ) -> None:
@@ -122,15 +186,25 @@ def refuse_erasing(
         )
 
 
-def refuse_keys_elsewhere(scope: Scope, outside_keys: int, existing_sample: str) -> None:
-    """Refuse a merge whose batch holds keys that live in partitions this run does not own."""
+def refuse_keys_elsewhere(
+    scope: Scope, outside_keys: int, existing_sample: str, concurrent: bool = False
+) -> None:
+    """Refuse a merge whose batch holds keys that live in partitions this run does not own.
+
+    ``concurrent``: a writer of another partition committed them while this one ran.
+    """
     if not outside_keys or not scope.pcols:
         return
+    meanwhile = (
+        " (a concurrent run of another partition stored them there while this one ran)"
+        if concurrent
+        else ""
+    )
     raise KeyOutsideWindowError(
         f"Refused to write {scope.where}: {outside_keys} key(s) of the batch already exist"
-        " in other partitions; merging would move those rows out of partitions this run"
-        " does not own. Nothing was changed. Fix: rerun the partition that holds them"
-        " first so they leave it, or correct the key. Existing rows:\n" + existing_sample
+        f" in other partitions{meanwhile}; merging would move those rows out of partitions"
+        " this run does not own. Nothing was changed. Fix: rerun the partition that holds"
+        " them first so they leave it, or correct the key. Existing rows:\n" + existing_sample
     )
 
 

@@ -20,6 +20,7 @@ from idem_assets.lib import guards
 from idem_assets.lib.backends.duckdb import DuckDBBackend
 from idem_assets.lib.backends.protocol import (
     Backend,
+    ChecksKeysAtCommit,
     CommitConflict,
     Counts,
     HandsOver,
@@ -129,8 +130,11 @@ def publish(
     for attempt in range(1, attempts + 1):
         try:
             with backend.transaction(where):
-                result = _publish_in_transaction(backend, batch, settings, window, where, now, hook)
+                result, scope = _publish_in_transaction(
+                    backend, batch, settings, window, where, now, hook
+                )
                 hook("before_commit")
+                _refuse_keys_stored_meanwhile(backend, scope)
             return result
         except CommitConflict as exc:
             if attempt == attempts:
@@ -155,6 +159,18 @@ def _no_stage(stage: str) -> None:
     pass
 
 
+def _refuse_keys_stored_meanwhile(backend: Backend, scope: Scope) -> None:
+    """Refuse a merge whose keys a concurrent writer stored in another partition meanwhile."""
+    if scope.settings.mode != "merge" or not scope.pcols:
+        return
+    if not isinstance(backend, ChecksKeysAtCommit):
+        return
+    elsewhere = backend.keys_elsewhere_at_commit(scope)
+    if elsewhere:
+        sample = backend.keys_elsewhere_sample(scope)
+        guards.refuse_keys_elsewhere(scope, elsewhere, sample, concurrent=True)
+
+
 def _publish_in_transaction(
     backend: Backend,
     batch: pa.Table,
@@ -163,7 +179,7 @@ def _publish_in_transaction(
     where: str,
     now: datetime,
     on_stage: Callable[[str], None],
-) -> PublishResult:
+) -> tuple[PublishResult, Scope]:
     target = backend.describe(settings)
     if target.owner is not None:
         handover = backend.handover_text(settings) if isinstance(backend, HandsOver) else None
@@ -172,7 +188,7 @@ def _publish_in_transaction(
     evaluator = backend.evaluator()
     found = guards.profile(evaluator, scope)
     if found.outside:
-        backend.refuse_rounded_out(scope, found.rows)
+        guards.refuse_rounded_out(evaluator, scope, found.rows)
     guards.refuse_unsafe_rows(evaluator, scope, found)
     check_runtime_values(batch, settings, window, now)
     existing = backend.count_window(scope)
@@ -194,7 +210,7 @@ def _publish_in_transaction(
     updated = sum(matched.values())
     replaced = scope.settings.mode == "overwrite" or scope.settings.delete_missing
     deleted = sum(existing.values()) - updated if replaced else 0
-    return _result(backend, scope, written - updated, updated, deleted, existing, matched)
+    return _result(backend, scope, written - updated, updated, deleted, existing, matched), scope
 
 
 def _scope(

@@ -21,8 +21,9 @@ from typing import Literal, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_assets.lib.errors import SchemaMismatchError
+from idem_assets.lib.errors import InvalidIdentifierError, SchemaMismatchError
 from idem_assets.lib.identifiers import validate_identifier
+from idem_assets.lib.samples import format_sample
 from idem_assets.lib.settings import WriteSettings
 
 Conversion = Literal["same", "cast", "checked"]
@@ -277,6 +278,9 @@ def _refuse_unusable(
     """Refuse names no table can have, and absent or untimely columns the metadata names."""
     for c in batch_cols:
         validate_identifier(c, f"Refused to write {where}: batch column")
+    for c, t in batch_cols.items():
+        if isinstance(t, pa.Decimal256Type):
+            _refuse_decimal256(where, c, t)
     by_name = {c.lower(): c for c in batch_cols}
     needed = list(settings.partition_names)
     needed += list(settings.primary_key) + list(settings.dedupe_order_by)
@@ -309,6 +313,26 @@ def _refuse_unusable(
                 f" Nothing was changed. Fix: store the values as text, e.g. df['{column}'] ="
                 f" df['{column}'].astype(str) (an integer column works for integer keys)."
             )
+
+
+def _refuse_decimal256(where: str, column: str, decimal: pa.Decimal256Type) -> None:
+    """Refuse a decimal256 column: the guards read the batch in DuckDB, which has none."""
+    fits = decimal.scale <= 38
+    cast = (
+        f"batch = batch.set_column(batch.schema.get_field_index('{column}'), '{column}',"
+        f" batch['{column}'].cast(pa.decimal128({min(decimal.precision, 38)}, {decimal.scale})))"
+    )
+    raise SchemaMismatchError(
+        f"Refused to write {where}: column '{column}' is decimal256({decimal.precision},"
+        f" {decimal.scale}), and the guards judge every batch in DuckDB, which reads decimals of"
+        " at most 38 digits, as decimal128 only. Nothing was changed. Fix: "
+        + (
+            f"cast it to decimal128, which fails rather than rounds if a value has more than 38"
+            f" digits: {cast}; else store it as text: df['{column}'] = df['{column}'].astype(str)."
+            if fits
+            else f"store it as text: df['{column}'] = df['{column}'].astype(str)."
+        )
+    )
 
 
 def _refuse_untyped(where: str, target: str, batch_cols: dict[str, pa.DataType]) -> None:
@@ -354,13 +378,18 @@ def _refuse_mismatch(
         )
         statements += [
             f"ALTER TABLE {target} ALTER COLUMN {name(c)} TYPE {spelt(dialect.stored_type(new))}"
-            for c, _, new in changed
+            + _reading(name(c), old, new, settings.timezone)
+            for c, old, new in changed
         ]
     evolution = _evolution_hint(settings, dialect, batch_cols, missing, extra, changed)
+    aware = [c for c, old, new in changed if _is_aware(old) or _is_aware(new)]
     tz_hint = (
         " A TIMESTAMP vs TIMESTAMP WITH TIME ZONE difference means one side is timezone-aware:"
-        " make both naive (tz_localize(None)) or both aware."
-        if any(_is_aware(old) or _is_aware(new) for _, old, new in changed)
+        " make both naive, in the partitions' zone (df['{0}'] = df['{0}']"
+        ".dt.tz_convert('{1}').dt.tz_localize(None)), or both aware.".format(
+            aware[0], settings.timezone
+        )
+        if aware
         else ""
     )
     raise SchemaMismatchError(
@@ -373,6 +402,22 @@ def _refuse_mismatch(
         + "."
         + tz_hint
     )
+
+
+def _reading(column: str, old: pa.DataType, new: pa.DataType, zone: str) -> str:
+    """The ``USING`` clause that keeps every instant when a column gains or loses its zone.
+
+    Without it the conversion reads naive values in the session's time zone (and writes aware
+    ones out in it), so a session in another zone would shift every stored value. A naive
+    value is wall-clock time in the partitions' ``zone``, as windows read it.
+    """
+    if (
+        pa.types.is_timestamp(old)
+        and pa.types.is_timestamp(new)
+        and _is_aware(old) != _is_aware(new)
+    ):
+        return f" USING {column} AT TIME ZONE '{zone}'"
+    return ""
 
 
 def _evolution_hint(
@@ -437,6 +482,164 @@ def refuse_lossy_values(
             )
 
 
+def refuse_cut_names(
+    settings: WriteSettings, where: str, columns: Sequence[str], limit: int, engine: str
+) -> None:
+    """Refuse a schema, table or column name longer than ``limit`` bytes of UTF-8.
+
+    ``engine`` keeps only that many bytes of a name and silently drops the rest, so the write
+    would land under another name, and two names alike in their first bytes in one table.
+    """
+    named = [("schema", settings.schema), ("table", settings.table)]
+    for what, name in [*named, *(("column", c) for c in columns)]:
+        size = len(name.encode())
+        if size <= limit:
+            continue
+        short = name.encode()[:limit].decode(errors="ignore")
+        fix = {
+            "schema": f"metadata={{'schema': '{short}'}} (or an IO manager 'schema' or a key"
+            " prefix that short)",
+            "table": f"an asset key whose last part is at most {limit} bytes, e.g. '{short}'",
+            "column": f"df = df.rename(columns={{'{name}': '{short}'}})",
+        }[what]
+        raise InvalidIdentifierError(
+            f"Refused to write {where}: {what} '{name}' is {size} bytes long in UTF-8; {engine}"
+            f" keeps at most {limit} bytes of a name and would silently cut it to '{short}', so"
+            " the write would land under another name (and two names alike in their first"
+            f" {limit} bytes would meet in one). Nothing was changed. Fix: a name of at most"
+            f" {limit} bytes (a letter such as 'ü' takes two): {fix}."
+        )
+
+
+def refuse_unstorable_text(
+    batch: pa.Table,
+    fits: Sequence[ColumnFit],
+    settings: WriteSettings,
+    where: str,
+    dialect: TypeDialect,
+    lengths: dict[str, tuple[int, str]],
+    holds_nul: bool = True,
+) -> None:
+    """Refuse text the stored column cannot hold: NUL characters, or more characters than fit.
+
+    ``lengths`` maps a stored column to the characters it holds and its type as the engine
+    spells it (``character varying(3)``); ``holds_nul`` is False where text cannot hold U+0000.
+    """
+    target = f"{dialect.sql_name(settings.schema)}.{dialect.sql_name(settings.table)}"
+    for fit in fits:
+        if not pa.types.is_string(fit.stored_type) or fit.type not in _TEXT[0]:
+            continue
+        values = batch.column(fit.name)
+        if not holds_nul:
+            nul = pc.fill_null(pc.match_substring(values, "\x00"), False)
+            count = pc.sum(nul).as_py() or 0
+            if count:
+                rows = batch.filter(nul).slice(0, 5)
+                raise SchemaMismatchError(
+                    f"Refused to write {where}: {count} value(s) of '{fit.name}' hold the"
+                    f" character U+0000 (NUL), which {dialect.engine} text cannot store."
+                    " Nothing was changed. Fix: remove it (or replace it) before returning the"
+                    " batch, e.g."
+                    f" df['{fit.name}'] = df['{fit.name}'].str.replace('\\x00', '',"
+                    " regex=False). Sample:\n" + _rows_text(rows)
+                )
+        if fit.stored_name not in lengths:
+            continue
+        limit, spelt = lengths[fit.stored_name]
+        size = pc.utf8_length(values)
+        over = pc.fill_null(pc.greater(size, limit), False)
+        count = pc.sum(over).as_py() or 0
+        if count:
+            longest = pc.max(size).as_py()
+            examples = values.filter(over).slice(0, 3).to_pylist()
+            column = f"{target}.{dialect.sql_name(fit.stored_name)}"
+            raise SchemaMismatchError(
+                f"Refused to write {where}: {count} value(s) of '{fit.name}' are longer than the"
+                f" {limit} characters {column} ({spelt}) holds, e.g. {examples}. Nothing was"
+                " changed. Fix: widen the column (no stored value changes), then rerun:"
+                f" ALTER TABLE {target} ALTER COLUMN {dialect.sql_name(fit.stored_name)} TYPE"
+                f" {_widened(spelt, longest)}; or shorten the values in the batch."
+            )
+
+
+def _widened(spelt: str, length: int) -> str:
+    """``character varying(3)`` with room for ``length`` characters."""
+    return spelt.split("(", 1)[0] + f"({length})"
+
+
+def _rows_text(rows: pa.Table) -> str:
+    return format_sample(rows.column_names, list(zip(*rows.to_pydict().values(), strict=True)))
+
+
+@dataclass(frozen=True)
+class StoredDigits:
+    """What the values of a decimal column of no declared precision need, read from the table."""
+
+    #: Digits before the point of the widest value, and after it of the longest fraction.
+    integer: int
+    scale: int
+    #: Whether every value stored reads back unchanged through a double.
+    exact_in_double: bool
+
+
+def refuse_unreadable_columns(
+    settings: WriteSettings,
+    where: str,
+    batch: pa.Schema,
+    unreadable: dict[str, str],
+    digits: dict[str, StoredDigits],
+    dialect: TypeDialect,
+) -> None:
+    """Refuse a table holding columns of types the engine cannot exchange as Arrow.
+
+    ``unreadable`` maps each such column to its type as the engine spells it; ``digits`` holds
+    the stored values' digits of those of them that are decimals without a declared precision.
+    The fix gives each column the type the batch's column is stored as, wide enough to keep
+    every value stored now unchanged.
+    """
+    if not unreadable:
+        return
+    target = f"{dialect.sql_name(settings.schema)}.{dialect.sql_name(settings.table)}"
+    batch_types = {f.name.lower(): f.type for f in batch}
+    statements, notes = [], []
+    for column in unreadable:
+        name, sent = dialect.sql_name(column), batch_types.get(column.lower())
+        kind, note = f"text USING {name}::text", ""
+        if column in digits:
+            kind, note = _decimal_home(column, digits[column], sent, dialect)
+        statements.append(f"ALTER TABLE {target} ALTER COLUMN {name} TYPE {kind}")
+        notes += [note] if note else []
+    named = ", ".join(f"{c} ({t})" for c, t in unreadable.items())
+    raise SchemaMismatchError(
+        f"Refused to write {where}: table {target} has column(s) {named} of a type"
+        f" {dialect.engine} does not exchange as Arrow, so the batch could be neither checked"
+        " against them nor read back. Nothing was changed. Fix: give them a type it does (no"
+        " value stored now changes), then rerun: " + "; ".join(statements) + "." + "".join(notes)
+    )
+
+
+def _decimal_home(
+    column: str, stored: StoredDigits, sent: pa.DataType | None, dialect: TypeDialect
+) -> tuple[str, str]:
+    """The type a decimal column of no precision takes to hold its values and the batch's."""
+    if sent is not None and pa.types.is_floating(sent) and stored.exact_in_double:
+        return dialect.type_sql(pa.float64()), ""
+    have = _digits(sent) if sent is not None else None
+    integer = max(stored.integer, have[0] if have else 0, 1)
+    scale = max(stored.scale, have[1] if have else 0)
+    if integer + scale > 38:
+        # Past 38 digits no Arrow decimal128 holds it: text keeps every value.
+        return f"text USING {dialect.sql_name(column)}::text", ""
+    kind = dialect.type_sql(pa.decimal128(integer + scale, scale))
+    note = ""
+    if have is None and sent is not None:
+        note = (
+            f" The batch's '{column}' must then be decimals too, e.g. pa.array(values,"
+            f" pa.decimal128({integer + scale}, {scale}))."
+        )
+    return kind, note
+
+
 def stored_batch(batch: pa.Table, fits: Sequence[ColumnFit]) -> pa.Table:
     """The batch renamed to the stored names and cast to the stored types, in Arrow.
 
@@ -454,6 +657,18 @@ def stored_batch(batch: pa.Table, fits: Sequence[ColumnFit]) -> pa.Table:
             values = pc.cast(values, fit.stored_type, safe=fit.conversion != "checked")
         columns.append(values)
     return pa.Table.from_arrays(columns, names=[fit.stored_name for fit in fits])
+
+
+def rounded_timestamps(values: pa.ChunkedArray, digits: int) -> pa.ChunkedArray:
+    """Microsecond timestamps rounded to ``digits`` fractional digits, half away from zero.
+
+    As PostgreSQL rounds a value stored in ``timestamp(digits)``, so staged values equal stored.
+    """
+    step = 10 ** (6 - digits)
+    micros = pc.cast(values, pa.int64())
+    # Integer division of a non-negative number truncates, so this rounds the magnitude.
+    magnitude = pc.multiply(pc.divide(pc.add(pc.abs(micros), step // 2), step), step)
+    return pc.cast(pc.if_else(pc.less(micros, 0), pc.negate(magnitude), magnitude), values.type)
 
 
 def _coarser(batch_type: pa.DataType, stored_type: pa.DataType) -> bool:

@@ -58,6 +58,8 @@ class WriteSettings:
     allow_empty: bool
     allow_runtime_columns: tuple[str, ...]
     schema_evolution: SchemaEvolution = "strict"
+    #: The time partitions' zone: a naive timestamp holds wall-clock time in it.
+    timezone: str = "UTC"
 
     @property
     def partition_names(self) -> tuple[str, ...]:
@@ -264,4 +266,19 @@ def resolve_settings(
         allow_empty=_flag(md, ALLOW_EMPTY, False, asset),
         allow_runtime_columns=_column_list(md, ALLOW_RUNTIME_COLUMNS, asset, "['loaded_at']"),
         schema_evolution=schema_evolution(md.get(SCHEMA_EVOLUTION), asset),
+        timezone=_timezone(partitions_def),
     )
+
+
+def _timezone(partitions_def: dg.PartitionsDefinition | None) -> str:
+    """The zone of the definition's time dimension (UTC without one)."""
+    if isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        timed = [
+            d.partitions_def
+            for d in partitions_def.partitions_defs
+            if isinstance(d.partitions_def, dg.TimeWindowPartitionsDefinition)
+        ]
+        partitions_def = timed[0] if timed else None
+    if isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
+        return partitions_def.timezone or "UTC"
+    return "UTC"

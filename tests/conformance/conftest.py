@@ -8,6 +8,7 @@ adding one factory to ``FACTORIES``.
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import dagster as dg
@@ -27,6 +28,7 @@ class Store:
     """One engine's store for one test: its backend, its IO managers and a reader."""
 
     name: str
+    #: Opens the engine's backend; picklable, so a racing child process can open its own.
     open: Callable[[], AbstractContextManager[Backend]]
     overwrite: Callable[[], dg.ConfigurableIOManager]
     merge: Callable[[], dg.ConfigurableIOManager]
@@ -40,17 +42,26 @@ class Store:
         return {"io_manager": self.overwrite(), "merge_io_manager": self.merge()}
 
 
+@contextmanager
+def duckdb_backend(database: str) -> Iterator[Backend]:
+    """The DuckDB backend on one plain connection to ``database``, closed after."""
+    conn = duckdb.connect(database)
+    try:
+        yield DuckDBBackend(conn)
+    finally:
+        conn.close()
+
+
+@contextmanager
+def delta_backend(root: str) -> Iterator[Backend]:
+    """The Delta Lake backend on ``root``, closed after."""
+    with DeltaBackend(root) as backend:
+        yield backend
+
+
 def duckdb_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     """The DuckDB backend on a database file."""
     database = str(directory / "warehouse.duckdb")
-
-    @contextmanager
-    def open_backend() -> Iterator[Backend]:
-        conn = duckdb.connect(database)
-        try:
-            yield DuckDBBackend(conn)
-        finally:
-            conn.close()
 
     def rows(table: str) -> list[tuple]:
         with duckdb.connect(database, read_only=True) as conn:
@@ -65,7 +76,7 @@ def duckdb_store(request: pytest.FixtureRequest, directory: Path) -> Store:
 
     return Store(
         name="duckdb",
-        open=open_backend,
+        open=partial(duckdb_backend, database),
         overwrite=lambda: ia.DuckDBOverwriteIOManager(database=database),
         merge=lambda: ia.DuckDBMergeIOManager(database=database),
         rows=rows,
@@ -76,11 +87,6 @@ def duckdb_store(request: pytest.FixtureRequest, directory: Path) -> Store:
 def delta_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     """The Delta Lake backend on a directory of tables."""
     root = str(directory / "lake")
-
-    @contextmanager
-    def open_backend() -> Iterator[Backend]:
-        with DeltaBackend(root) as backend:
-            yield backend
 
     def rows(table: str) -> list[tuple]:
         stored = DeltaTable(f"{root}/main/{table}").to_pyarrow_table()
@@ -99,7 +105,7 @@ def delta_store(request: pytest.FixtureRequest, directory: Path) -> Store:
 
     return Store(
         name="delta",
-        open=open_backend,
+        open=partial(delta_backend, root),
         overwrite=lambda: ia.DeltaOverwriteIOManager(root=root),
         merge=lambda: ia.DeltaMergeIOManager(root=root),
         rows=rows,
@@ -139,7 +145,7 @@ def postgres_store(request: pytest.FixtureRequest, directory: Path) -> Store:
 
     return Store(
         name="postgres",
-        open=lambda: PostgresBackend.connect(location),
+        open=partial(PostgresBackend.connect, location),
         overwrite=lambda: ia.PostgresOverwriteIOManager(**config),
         merge=lambda: ia.PostgresMergeIOManager(**config),
         rows=rows,

@@ -7,15 +7,18 @@ with the migration to run, and a refused or crashed publish leaves the table as 
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pytest
 
 import idem_assets as ia
 from idem_assets.lib.publish import STAGE_HOOK
+from tests.helpers import NOW, settings, window
 
 from . import (
     MERGE_MD,
@@ -330,3 +333,35 @@ def test_an_unknown_evolution_names_the_allowed_values(tmp_path: Path) -> None:
         " metadata={'schema_evolution': 'add_columns'} to let a publish add the batch's new"
         " columns, or leave it out to refuse every schema change."
     )
+
+
+@pytest.mark.parametrize("table_aware", [False, True], ids=["naive-table", "aware-table"])
+def test_the_printed_time_zone_migration_keeps_every_instant_in_any_session(
+    tmp_path: Path, table_aware: bool
+) -> None:
+    """DuckDB reads a bare TYPE change in the session's zone: the printed one names UTC."""
+    db = tmp_path / "w.duckdb"
+    zone = "UTC" if table_aware else None
+
+    def trip(trip_id: int, day: str, tz: str | None) -> pa.Table:
+        start = datetime.fromisoformat(day).replace(hour=23, minute=30)
+        return pa.table(
+            {"trip_id": [trip_id], "pickup_at": pa.array([start], pa.timestamp("us", tz=tz))}
+        )
+
+    write = settings("overwrite", OVERWRITE_MD)
+    with duckdb.connect(str(db)) as conn:
+        ia.publish(conn, trip(1, DAY_1, zone), write, window(DAY_1), now=NOW)
+        aware = trip(2, DAY_2, None if table_aware else "UTC")
+        with pytest.raises(ia.SchemaMismatchError) as refused:
+            ia.publish(conn, aware, write, window(DAY_2), now=NOW)
+        statement = str(refused.value).split("then rerun: ", 1)[1].split(". A TIMESTAMP", 1)[0]
+        assert statement.endswith("USING pickup_at AT TIME ZONE 'UTC'")
+        conn.execute("SET TimeZone = 'America/New_York'")
+        conn.execute(statement)
+        conn.execute("SET TimeZone = 'UTC'")
+        ia.publish(conn, aware, write, window(DAY_2), now=NOW)
+        stored = conn.execute(
+            "SELECT trip_id, strftime(pickup_at, '%Y-%m-%d %H:%M') FROM main.trips ORDER BY 1"
+        ).fetchall()
+    assert stored == [(1, f"{DAY_1} 23:30"), (2, f"{DAY_2} 23:30")]

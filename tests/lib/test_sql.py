@@ -185,7 +185,27 @@ def test_rounded_out_of_window_shows_both_values_as_text() -> None:
         "CREATE TABLE b AS SELECT TIMESTAMP_NS '2026-01-01 23:59:59.999999999' AS ts"
         " UNION ALL SELECT TIMESTAMP_NS '2026-01-01 12:00:00'"
     )
-    q, p = sql.rounded_out_of_window("b", "ts", 'CAST("ts" AS TIMESTAMP)', [DAY], [DAY])
+    day_ns = (1_767_225_600 * 10**9, 1_767_312_000 * 10**9)
+    q, p = batch_sql.rounded_out_of_window("b", "ts", 6, [day_ns], aware=False)
     assert conn.execute(q, p).fetchall() == [
         ("2026-01-01 23:59:59.999999999", "2026-01-02 00:00:00", 1)
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "stored"),
+    [
+        ("2026-01-01 23:59:59.5", 0, "2026-01-02 00:00:00"),
+        ("2026-01-01 23:59:59.95", 1, "2026-01-02 00:00:00"),
+        ("2026-01-01 23:59:59.9996", 3, "2026-01-02 00:00:00"),
+        ("2026-01-01 23:59:59.49", 0, None),
+    ],
+)
+def test_rounded_out_of_window_rounds_half_away_from_zero(
+    value: str, digits: int, stored: str | None
+) -> None:
+    conn = duckdb.connect()
+    conn.execute(f"CREATE TABLE b AS SELECT TIMESTAMP '{value}' AS ts")
+    day_ns = (1_767_225_600 * 10**9, 1_767_312_000 * 10**9)
+    q, p = batch_sql.rounded_out_of_window("b", "ts", digits, [day_ns], aware=False)
+    assert [r[1] for r in conn.execute(q, p).fetchall()] == ([stored] if stored else [])

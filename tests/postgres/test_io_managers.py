@@ -1,5 +1,7 @@
 """The Postgres IO managers as a user configures them: connection, secrets, metadata, loads."""
 
+import urllib.parse
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -7,6 +9,7 @@ import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pytest
+from postgres_server import PostgresServer
 
 import idem_assets as ia
 from idem_assets.lib.backends import postgres_sql as sql
@@ -85,6 +88,78 @@ def test_a_password_in_the_url_is_never_shown_either(postgres_location: Postgres
         with PostgresBackend.connect(location):
             pass
     assert wrong not in str(raised.value) and wrong not in repr(location)
+
+
+@pytest.mark.parametrize("special", ["#", "?", "/"])
+def test_a_password_holding_a_character_a_url_must_escape_is_never_shown(
+    postgres_server: PostgresServer, postgres_location: PostgresLocation, special: str
+) -> None:
+    """Unescaped, the character ends the URL's login early; the refusal shows none of it."""
+    head, tail = "Hidden7Head", "Hidden7Tail"
+    secret = f"{head}{special}{tail}"
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    postgres_server.psql(
+        f"CREATE ROLE {role} LOGIN PASSWORD '{secret}' SUPERUSER", postgres_location.database
+    )
+    loc = postgres_location
+    url = f"postgresql://{role}:{secret}@{loc.host}:{loc.port}/{loc.database}"
+    manager = ia.PostgresOverwriteIOManager(url=url, password_env=None)
+    result = dg.materialize(
+        [trips], resources={"io_manager": manager}, partition_key=DAY, raise_on_error=False
+    )
+    text = failure(result)
+    assert "ConfigurationError" in text and "Nothing was changed. Fix:" in text
+    assert "urllib.parse.quote(password, safe='')" in text
+    assert head not in text and tail not in text
+    # The fix as the message prints it: the password percent-encoded.
+    encoded = urllib.parse.quote(secret, safe="")
+    url = f"postgresql://{role}:{encoded}@{loc.host}:{loc.port}/{loc.database}"
+    manager = ia.PostgresOverwriteIOManager(url=url, password_env=None)
+    assert dg.materialize([trips], resources={"io_manager": manager}, partition_key=DAY).success
+
+
+def test_a_url_of_another_form_is_shown_without_its_passwords() -> None:
+    manager = ia.PostgresOverwriteIOManager(
+        url="mysql://me:Hidden7Login@db.example:5432/wh?password=Hidden7Query&sslmode=require",
+        password_env=None,
+    )
+    with pytest.raises(ia.ConfigurationError) as raised:
+        manager.location()
+    assert "'mysql://me:***@db.example:5432/wh?password=***&sslmode=require'" in str(raised.value)
+    assert "Hidden7" not in str(raised.value)
+
+
+def test_url_options_reach_the_session_and_the_pinned_settings_stay(
+    postgres_location: PostgresLocation, password: str
+) -> None:
+    """``?options=-c statement_timeout=...`` is libpq's; the session keeps its UTC time zone."""
+    loc = postgres_location
+    url = (
+        f"postgresql://{loc.user}@{loc.host}:{loc.port}/{loc.database}"
+        "?options=-c%20statement_timeout%3D4321"
+    )
+    manager = ia.PostgresOverwriteIOManager(url=url, password_env=PASSWORD_ENV)
+    with PostgresBackend.connect(manager.location()) as backend:
+        backend.cur.execute(
+            "SELECT current_setting('statement_timeout'), current_setting('TimeZone')"
+        )
+        assert backend.cur.fetchall() == [("4321ms", "UTC")]
+
+
+def test_a_percent_encoded_socket_directory_is_the_host(
+    postgres_server: PostgresServer, postgres_location: PostgresLocation, password: str
+) -> None:
+    """libpq's URL form of a Unix socket: the directory, its slashes written %2F."""
+    loc = postgres_location
+    socket_dir = urllib.parse.quote(str(postgres_server.root), safe="")
+    url = f"postgresql://{loc.user}@{socket_dir}:{loc.port}/{loc.database}"
+    manager = ia.PostgresOverwriteIOManager(url=url, password_env=PASSWORD_ENV)
+    assert manager.location().host == str(postgres_server.root)
+    assert dg.materialize([trips], resources={"io_manager": manager}, partition_key=DAY).success
+    with PostgresBackend.connect(manager.location()) as backend:
+        # No server address: the session came over the socket.
+        backend.cur.execute("SELECT inet_server_addr() IS NULL, count(*) FROM main.trips")
+        assert backend.cur.fetchall() == [(True, 500)]
 
 
 def test_a_missing_password_variable_names_the_variable(

@@ -9,6 +9,7 @@ import multiprocessing.synchronize
 import time
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 import idem_assets as ia
 from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
@@ -27,6 +28,7 @@ def publish_held(
     hold_at: str | None,
     release: multiprocessing.synchronize.Event,
     report: multiprocessing.connection.Connection,
+    metadata: dict[str, Any] = TRIPS_METADATA,
 ) -> None:
     """Publish one batch; at ``hold_at`` wait (inside the transaction) until ``release``.
 
@@ -47,7 +49,7 @@ def publish_held(
             result = ia.publish(
                 backend,
                 batch,
-                settings(mode, TRIPS_METADATA),
+                settings(mode, metadata),
                 window(*keys),
                 now=NOW,
                 on_stage=on_stage,

@@ -6,8 +6,8 @@ does differently: its catalog, its type names and casts (:mod:`.duckdb_types`) a
 
 The staged batch is a view over the registered Arrow batch that casts it the way DuckDB stores it,
 rounding timestamps to the column's unit, so the guards judge it in this same connection without
-a copy, and a value the rounding moves out of the window is refused (``refuse_rounded_out``) with
-the floor that keeps it in, rather than silently floored.
+a copy; each column the cast rounds is reported (``Staged.rounds``), so a value the rounding moves
+out of the window is refused with the floor that keeps it in, rather than silently floored.
 """
 
 import uuid
@@ -28,10 +28,16 @@ from idem_assets.lib.backends.duckdb_types import (
     cast_sql,
     duckdb_type,
 )
-from idem_assets.lib.backends.protocol import Counts, PartitionColumns, Scope, Staged, Target
-from idem_assets.lib.errors import StrayRowsError
+from idem_assets.lib.backends.protocol import (
+    Counts,
+    PartitionColumns,
+    Rounding,
+    Scope,
+    Staged,
+    Target,
+)
 from idem_assets.lib.identifiers import qualified, quote
-from idem_assets.lib.samples import format_sample, sample_text
+from idem_assets.lib.samples import sample_text
 from idem_assets.lib.schema_fit import (
     ColumnFit,
     SchemaChange,
@@ -42,7 +48,7 @@ from idem_assets.lib.schema_fit import (
     schema_changes,
 )
 from idem_assets.lib.settings import WriteSettings, spelt_partitions
-from idem_assets.lib.windows import WriteWindow, region_of, spans_for
+from idem_assets.lib.windows import WriteWindow, region_of
 
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
@@ -52,8 +58,6 @@ OWNERS_SCHEMA = "main"
 OWNERS_TABLE = "idem-table-owners"
 OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
 _OWNERS_NAME = (OWNERS_SCHEMA, OWNERS_TABLE)
-
-_UNIT_NAMES = {"us": "microsecond", "ms": "millisecond", "s": "second"}
 
 
 def _one(conn: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> tuple:
@@ -196,36 +200,14 @@ class DuckDBBackend:
             settings=spelt_settings,
             partition_types={c: types[c] for c in spelt_settings.partition_names},
             changes=tuple(changes),
+            rounds=tuple(self._rounding(c) for c in columns if _rounds(c)),
+            sent=self._raw,
         )
 
-    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
-        """Refuse rows inside the window as sent but outside it once stored."""
-        window, time_column = scope.window, scope.time_column
-        if window is None or time_column is None or not window.timed:
-            return
-        column = next(c for c in self._columns if c.stored_name == time_column)
-        if column.type == column.stored_type or not pa.types.is_timestamp(column.stored_type):
-            return
-        batch_spans = spans_for(window, column.type)
-        stored_spans = spans_for(window, column.stored_type)
-        stored = self._stored_expression(column)
-        q, p = sql.rounded_out_of_window(self._raw, column.name, stored, batch_spans, stored_spans)
-        found = self.conn.execute(q, p).fetchall()
-        if not found:
-            return
+    def _rounding(self, column: ColumnFit) -> Rounding:
+        """The rounding DuckDB's cast applies to ``column``: to its stored unit."""
         unit = column.stored_type.unit
-        c = column.name
-        raise StrayRowsError(
-            f"Refused to write {scope.where}: {found[0][2]} of {rows} rows have '{c}' inside the"
-            f" window at the batch's precision ({duckdb_type(column.type)}) but outside it as"
-            f" stored: the table's {self._stored_sql(column)} rounds to the nearest"
-            f" {_UNIT_NAMES[unit]}, so"
-            f" {found[0][0]} becomes {found[0][1]}. Stored there, a row would belong to the next"
-            " partition: that partition's run would delete it, and every rerun of this one would"
-            " add it again. Nothing was changed. Fix: floor the column to the stored precision"
-            f" before returning it, e.g. df['{c}'] = df['{c}'].dt.floor('{unit}'). Sample:\n"
-            + format_sample(["batch_value", "stored_value"], [r[:2] for r in found])
-        )
+        return Rounding(column.name, column.stored_name, _DIGITS[unit], self._stored_sql(column))
 
     def evolve(self, settings: WriteSettings, changes: Sequence[SchemaChange]) -> None:
         """Run each change's ALTER TABLE: DuckDB's DDL is part of the open transaction."""
@@ -383,6 +365,20 @@ class DuckDBBackend:
 
 def _target(scope: Scope) -> str:
     return qualified(scope.settings.schema, scope.settings.table)
+
+
+#: A timestamp unit's fractional second digits.
+_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+
+
+def _rounds(column: ColumnFit) -> bool:
+    """Whether DuckDB stores ``column`` in a coarser timestamp unit (its cast rounds to it)."""
+    sent, stored = column.type, column.stored_type
+    return (
+        pa.types.is_timestamp(sent)
+        and pa.types.is_timestamp(stored)
+        and _DIGITS[stored.unit] < _DIGITS[sent.unit]
+    )
 
 
 def claim_table(conn: duckdb.DuckDBPyConnection, schema: str, table: str, asset: str) -> None:

@@ -12,11 +12,8 @@ from idem_assets.lib.batch_sql import (
     partition_case,
     quoted_columns,
     region_predicate,
-    span_predicate,
-    window_predicate,
 )
-from idem_assets.lib.identifiers import quote, validate_identifier
-from idem_assets.lib.windows import Bound, Cell, Region
+from idem_assets.lib.windows import Cell, Region
 
 __all__ = ["count_by_partition"]
 
@@ -114,30 +111,6 @@ def matched_by_partition(
         f"SELECT {case} AS partition_key, count(*) FROM {target} t WHERE {_key_in(source, key)}"
         " GROUP BY 1",
         params,
-    )
-
-
-def rounded_out_of_window(
-    source: str,
-    column: str,
-    stored: str,
-    batch_spans: Sequence[tuple[Bound, Bound]],
-    stored_spans: Sequence[tuple[Bound, Bound]],
-    limit: int = 5,
-) -> Statement:
-    """Rows inside the window as sent that ``stored`` (their stored value) moves out of it.
-
-    Columns returned: ``batch_value, stored_value, rows`` (``rows`` counts them all); the values
-    as text, so nanoseconds survive the trip to Python.
-    """
-    p = quote(validate_identifier(column, "partition column"))
-    inside, params = window_predicate(column, batch_spans)
-    stays, stored_params = span_predicate(stored, stored_spans)
-    return (
-        f"SELECT CAST({p} AS VARCHAR) AS batch_value, CAST({stored} AS VARCHAR) AS stored_value,"
-        " count(*) OVER () AS rows"
-        f" FROM {source} WHERE {inside} AND NOT {stays} ORDER BY {p} LIMIT {int(limit)}",
-        params + stored_params,
     )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import adbc_driver_postgresql.dbapi as adbc
 import duckdb
@@ -25,18 +25,36 @@ import pyarrow as pa
 from idem_assets.lib import batch_sql, guards
 from idem_assets.lib.backends import duckdb_sql as duck_sql
 from idem_assets.lib.backends import postgres_sql as sql
-from idem_assets.lib.backends.postgres_types import PostgresTypes, arrow_type
-from idem_assets.lib.backends.protocol import Counts, PartitionColumns, Scope, Staged, Target
+from idem_assets.lib.backends.postgres_types import (
+    PostgresTypes,
+    arrow_type,
+    text_lengths,
+    timestamp_digits,
+)
+from idem_assets.lib.backends.protocol import (
+    CommitConflict,
+    Counts,
+    PartitionColumns,
+    Rounding,
+    Scope,
+    Staged,
+    Target,
+)
 from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
-from idem_assets.lib.identifiers import qualified, quote
+from idem_assets.lib.identifiers import qualified, quote, validate_identifier
 from idem_assets.lib.samples import format_sample
 from idem_assets.lib.schema_fit import (
     ColumnFit,
     SchemaChange,
+    StoredDigits,
     change_sql,
     evolved,
     fit_columns,
+    refuse_cut_names,
     refuse_lossy_values,
+    refuse_unreadable_columns,
+    refuse_unstorable_text,
+    rounded_timestamps,
     schema_changes,
     stored_batch,
 )
@@ -47,9 +65,11 @@ from idem_assets.lib.windows import Region, WriteWindow, region_of
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
 BATCH_PREFIX = "idem-batch-"
 KEYS_PREFIX = "idem-keys-"
-OWNERS_SCHEMA = "public"
+#: Each schema records which asset writes which of its tables in a table of its own, so a role
+#: that owns only its schema keeps the record where it can write.
 OWNERS_TABLE = "idem-table-owners"
-OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
+#: Where the records were kept before: one found there is still honoured.
+LEGACY_OWNERS_SCHEMA = "public"
 #: Pinned per session, so a value read as text (a sample in a message) reads the same for everyone.
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c extra_float_digits=1"
 DIALECT = PostgresTypes()
@@ -65,26 +85,44 @@ class PostgresLocation:
     user: str
     database: str
     password: str | None = field(default=None, repr=False)
-    #: Further libpq parameters, e.g. ``{"sslmode": "require"}``.
-    options: dict[str, str] = field(default_factory=dict)
+    #: Further libpq parameters, e.g. ``{"sslmode": "require"}`` (``sslpassword`` is one).
+    options: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_url(cls, url: str, password: str | None = None) -> "PostgresLocation":
-        """Parse ``postgresql://user@host:port/database?sslmode=...``; ``password`` wins."""
+        """Parse ``postgresql://user@host:port/database?sslmode=...``; ``password`` wins.
+
+        The host may be a Unix socket's directory, its slashes written ``%2F``. No message
+        shows the URL's password, nor any part of a login the URL does not delimit.
+        """
+        _refuse_unescaped_login(url)
         parts = urlsplit(url)
-        if parts.scheme.split("+")[0] not in ("postgresql", "postgres") or not parts.path[1:]:
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if (
+            parts.scheme.split("+")[0] not in ("postgresql", "postgres")
+            or not parts.path[1:]
+            or port == -1
+        ):
             raise ConfigurationError(
-                f"The PostgreSQL URL {_redacted(url, parts.password)!r} is not of the form"
+                f"The PostgreSQL URL {_shown(parts)!r} is not of the form"
                 " postgresql://user@host:5432/database. Nothing was changed. Fix: set url to"
                 " such a URL, or set host, port, user and database instead."
             )
+        options = dict(parse_qsl(parts.query))
+        # libpq takes the password as a query parameter too; it must never be shown as one.
+        in_query = options.pop("password", None)
+        if password is None:
+            password = _unquoted(parts.password) if parts.password is not None else in_query
         return cls(
-            host=parts.hostname or "localhost",
-            port=parts.port or 5432,
+            host=unquote(_host(parts.netloc)) or "localhost",
+            port=port or 5432,
             user=unquote(parts.username or ""),
             database=unquote(parts.path[1:]),
-            password=password if password is not None else _unquoted(parts.password),
-            options=dict(parse_qsl(parts.query)),
+            password=password,
+            options=options,
         )
 
     def describe(self) -> str:
@@ -99,7 +137,9 @@ class PostgresLocation:
             "user": self.user,
             "dbname": self.database,
             **self.options,
-            "options": SESSION_OPTIONS,
+            # The user's own options first: a later -c of the same setting wins, and the
+            # pinned ones must.
+            "options": " ".join(filter(None, [self.options.get("options"), SESSION_OPTIONS])),
         }
         if self.password is not None:
             values["password"] = self.password
@@ -114,8 +154,49 @@ def _redacted(text: str, password: str | None) -> str:
     return text.replace(password, "***") if password else text
 
 
+def _refuse_unescaped_login(url: str) -> None:
+    """Refuse a URL with an ``@`` after its host: a login holding ``/``, ``?`` or ``#``.
+
+    Unescaped, any of them ends the login early, so the rest of the password would be read as
+    the host, the path or the query, and shown as such; the message shows none of the URL.
+    """
+    rest = url.partition("://")[2]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if "@" in rest[end:]:
+        raise ConfigurationError(
+            "The PostgreSQL URL has an '@' after its host part, so its login cannot be told"
+            " from its host: a password holding '/', '?' or '#' ends the login there unless"
+            " percent-encoded (the URL is not shown, as it may hold the password). Nothing was"
+            " changed. Fix: leave the password out of the URL (postgresql://user@host:5432/"
+            "database) and export it in the variable password_env names; or percent-encode"
+            " it in the URL, urllib.parse.quote(password, safe=''); write any other '@' as %40."
+        )
+
+
+def _host(netloc: str) -> str:
+    """The host of a URL's authority, as written (a socket directory keeps its case)."""
+    host = netloc.rpartition("@")[2]
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.partition(":")[0]
+
+
+def _shown(parts: SplitResult) -> str:
+    """The URL for a message: its password and any password parameter replaced by ``***``."""
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username}:***@{netloc.rpartition('@')[2]}"
+    query = "&".join(f"{k}={'***' if 'password' in k else v}" for k, v in parse_qsl(parts.query))
+    return parts._replace(netloc=netloc, query=query, fragment="").geturl()
+
+
 def _libpq_quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def owners_of(schema: str) -> str:
+    """The owners table of ``schema``, as SQL spells it."""
+    return f"{quote(validate_identifier(schema, 'schema'))}.{quote(OWNERS_TABLE)}"
 
 
 class PostgresConnectionError(ConnectionError):
@@ -165,6 +246,11 @@ class PostgresBackend:
         self._keys = ""
         self._key_ranges: list[tuple[Any, Any]] = []
         self._locked = False
+        #: The table's columns as described, before any lock: a concurrent writer may change
+        #: them until this publish holds the table.
+        self._described: dict[str, str] | None = None
+        self._owners_exist = False
+        self._owners_at = ""
 
     def close(self) -> None:
         """Close the cursor and the embedded evaluator (not the connection)."""
@@ -226,20 +312,25 @@ class PostgresBackend:
         return self._duck
 
     def describe(self, settings: WriteSettings) -> Target:
-        """One catalog query for the table's columns and the owners table."""
-        rows = self._rows(
-            sql.describe((OWNERS_SCHEMA, OWNERS_TABLE), settings.schema, settings.table)
-        )
-        self._table_cols = {name: kind for own, name, kind in rows if not own} or None
-        owner = None
-        if any(own for own, _, _ in rows):
-            owner = self._owner(settings)
+        """One catalog query for the table's columns and the owners tables."""
+        s = settings
+        rows = self._rows(sql.describe(OWNERS_TABLE, LEGACY_OWNERS_SCHEMA, s.schema, s.table))
+        kinds = {kind for kind, _, _ in rows}
+        self._table_cols = {name: t for kind, name, t in rows if kind == 0} or None
+        self._described = dict(self._table_cols) if self._table_cols else None
+        self._owners_exist = 1 in kinds
+        self._owners_at = owners_of(s.schema)
+        owner = self._owner(settings, self._owners_at) if 1 in kinds else None
+        if owner is None and 2 in kinds:
+            owner = self._owner(settings, owners_of(LEGACY_OWNERS_SCHEMA))
+            if owner is not None:
+                self._owners_at = owners_of(LEGACY_OWNERS_SCHEMA)
         return Target(exists=self._table_cols is not None, owner=owner)
 
-    def _owner(self, settings: WriteSettings) -> str | None:
+    def _owner(self, settings: WriteSettings, owners: str) -> str | None:
         found = self._rows(
             (
-                f"SELECT asset_key FROM {OWNERS} WHERE schema_key = $1 AND table_key = $2",
+                f"SELECT asset_key FROM {owners} WHERE schema_key = $1 AND table_key = $2",
                 [settings.schema.lower(), settings.table.lower()],
             )
         )
@@ -247,22 +338,34 @@ class PostgresBackend:
 
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Cast the batch to the stored names and types in Arrow, and hand it to the guards."""
+        refuse_cut_names(settings, where, batch.column_names, DIALECT.name_bytes, DIALECT.engine)
+        cols = self._table_cols or {}
+        unreadable = {c: kind for c, kind in cols.items() if arrow_type(kind) is None}
+        digits = {c: self._digits(settings, c) for c, k in unreadable.items() if k == "numeric"}
+        refuse_unreadable_columns(settings, where, batch.schema, unreadable, digits, DIALECT)
         table = _arrow_types(self._table_cols, _name(settings)) if self._table_cols else None
         changes = schema_changes(settings, where, batch.schema, table, DIALECT)
         if table is not None and changes:
             table = evolved(table, changes)
         fits = fit_columns(settings, where, batch.schema, table, DIALECT)
         refuse_lossy_values(batch, fits, settings, where, DIALECT)
+        lengths = text_lengths(self._table_cols or {})
+        refuse_unstorable_text(batch, fits, settings, where, DIALECT, lengths, holds_nul=False)
         stored = stored_batch(batch, fits)
+        rounds = _roundings(fits, self._table_cols or {})
+        for r in rounds:
+            # The server would round these; rounded here, the guards judge what it stores.
+            at = stored.schema.get_field_index(r.stored_name)
+            rounded = rounded_timestamps(stored.column(at), r.digits)
+            stored = stored.set_column(at, r.stored_name, rounded)
         if self._table_cols:
             # COPY fills columns in the table's order; an added column comes last, as ADD COLUMN
             # puts it.
             added = [c.column for c in changes if c.action == "add_column"]
             stored = stored.select([*self._table_cols, *added])
         self._fits, self._stored = fits, stored
-        name = BATCH_PREFIX + uuid.uuid4().hex
-        self.evaluator().register(name, stored)
-        self._registered.append(name)
+        relation = self._register(stored)
+        sent = self._register(batch) if rounds else ""
         by_name = {f.name.lower(): f for f in fits}
 
         def spelt(names: Sequence[str]) -> tuple[str, ...]:
@@ -274,13 +377,20 @@ class PostgresBackend:
             dedupe_order_by=spelt(settings.dedupe_order_by),
         )
         return Staged(
-            relation=quote(name),
+            relation=relation,
             settings=spelt_settings,
             partition_types={
                 c: by_name[c.lower()].stored_type for c in spelt_settings.partition_names
             },
             changes=tuple(changes),
+            rounds=rounds,
+            sent=sent,
         )
+
+    def _digits(self, settings: WriteSettings, column: str) -> StoredDigits:
+        """The digits the values of a ``numeric`` column without precision need."""
+        found = self._rows(sql.numeric_digits(_name_sql(settings), column))[0]
+        return StoredDigits(found[0] or 0, found[1] or 0, found[2] is not False)
 
     def evolve(self, settings: WriteSettings, changes: Sequence[SchemaChange]) -> None:
         """Run each change's ALTER TABLE: PostgreSQL's DDL is part of the open transaction."""
@@ -289,12 +399,6 @@ class PostgresBackend:
             self._run(change_sql(target, change, DIALECT))
         if self._table_cols is not None:
             self._table_cols |= {c.column: DIALECT.type_sql(c.type) for c in changes}
-
-    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
-        """Nothing to refuse: staging floors timestamps to whole microseconds.
-
-        Window bounds are whole microseconds too, so a floored value stays on its side of them.
-        """
 
     def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
         """The table's columns as Arrow types, or ``None`` when there is no table."""
@@ -306,7 +410,12 @@ class PostgresBackend:
         return dict(rows) if rows else None
 
     def _lock(self, scope: Scope) -> None:
-        """Wait for every other writer of this window: one lock per partition, sorted."""
+        """Wait for every other writer of this window: one lock per partition, sorted.
+
+        A writer that changes the table's schema then waits for every other such writer of
+        the table, before it reads the table: once it has read it, an ALTER TABLE of the other
+        would wait for its commit while its own ALTER waits for the other's (a deadlock).
+        """
         if self._locked:
             return
         s = scope.settings
@@ -315,17 +424,30 @@ class PostgresBackend:
         parts: list[str | None] = list(window.keys) if window and scope.pcols else [None]
         for key in sorted({sql.lock_key(s.schema, s.table, p) for p in parts}):
             self._rows(("SELECT pg_advisory_xact_lock($1)", [key]))
+        if scope.staged.changes:
+            self._rows(
+                ("SELECT pg_advisory_xact_lock($1)", [sql.table_lock(s.schema, s.table, "schema")])
+            )
         self._locked = True
 
     def count_window(self, scope: Scope) -> Counts:
         """Rows the window holds now (per partition of a range), once this writer holds it."""
         self._lock(scope)
+        s = scope.settings
         if not scope.table_exists:
+            if self._columns(s.schema, s.table) is not None:
+                raise CommitConflict(f"a concurrent writer created table {_name(s)}")
             return {}
         target = _target(scope)
         if scope.cells:
-            return dict(self._rows(sql.count_by_partition(target, scope.cells)))
-        return {None: self._rows(sql.count_window(target, scope.region))[0][0]}
+            counts: Counts = dict(self._rows(sql.count_by_partition(target, scope.cells)))
+        else:
+            counts = {None: self._rows(sql.count_window(target, scope.region))[0][0]}
+        # The count holds the table (an ALTER TABLE waits for this commit from here on): the
+        # columns read now are the ones the batch is written into.
+        if self._columns(s.schema, s.table) != self._described:
+            raise CommitConflict(f"a concurrent writer changed the columns of {_name(s)}")
+        return counts
 
     def _keys_table(self, scope: Scope) -> str:
         """The batch's distinct keys in a temporary table, for the server to join against."""
@@ -376,38 +498,69 @@ class PostgresBackend:
         rows = self._rows(q)
         return format_sample([d[0] for d in self.cur.description or []], rows)
 
-    def claim(self, settings: WriteSettings) -> None:
-        """Record the asset as the owner of its table, unless another writer just did."""
-        self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
-        self._run(
-            f"CREATE TABLE IF NOT EXISTS {OWNERS} (schema_key text, table_key text,"
-            " asset_key text NOT NULL, PRIMARY KEY (schema_key, table_key))"
+    def keys_elsewhere_at_commit(self, scope: Scope) -> int:
+        """Target rows outside the window whose key the batch holds, counted right before commit.
+
+        Under the table's keys lock, which every merge of the table takes here and holds until
+        its commit: a writer that committed a shared key earlier has committed it before this
+        count starts, so the count sees it (READ COMMITTED reads each statement afresh). Only
+        this count and the commit wait for another merge; their writes run in parallel.
+        """
+        s = scope.settings
+        self._rows(
+            ("SELECT pg_advisory_xact_lock($1)", [sql.table_lock(s.schema, s.table, "keys")])
         )
+        keys = self._keys_table(scope)
+        q = sql.merge_counts(_target(scope), keys, scope.key, self._key_ranges, scope.region)
+        return self._rows(q)[0][1]
+
+    def claim(self, settings: WriteSettings) -> None:
+        """Record the asset as the owner of its table, unless another writer just did.
+
+        Two claims of one table meet on the owners table's key: the later waits for the
+        earlier's commit, inserts nothing, and reads the earlier's record.
+        """
+        owners = owners_of(settings.schema)
+        if not self._owners_exist:
+            self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
+            self._create_schema(settings.schema)
+            self._run(
+                f"CREATE TABLE IF NOT EXISTS {owners} (schema_key text, table_key text,"
+                " asset_key text NOT NULL, PRIMARY KEY (schema_key, table_key))"
+            )
         self._run(
             (
-                f"INSERT INTO {OWNERS} VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                f"INSERT INTO {owners} VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
                 [settings.schema.lower(), settings.table.lower(), settings.asset],
             )
         )
-        owner = self._owner(settings)
+        owner = self._owner(settings, owners)
         if owner is not None:
-            guards.refuse_other_owner(settings, self._where, owner, OWNERS)
+            guards.refuse_other_owner(settings, self._where, owner, owners)
+
+    def _create_schema(self, schema: str) -> None:
+        """Create ``schema`` unless it exists (under the DDL lock, so no other writer races it).
+
+        Not CREATE SCHEMA IF NOT EXISTS: that asks for CREATE on the database even for a
+        schema that exists, which a role owning only its schema lacks.
+        """
+        if not self._rows(sql.schema_exists(schema)):
+            self._run(f"CREATE SCHEMA {quote(schema)}")
 
     def owners_text(self) -> str:
-        """The owners table as SQL spells it."""
-        return OWNERS
+        """The owners table holding the target's record, as SQL spells it."""
+        return self._owners_at
 
     def _create(self, scope: Scope) -> None:
         if scope.table_exists:
             return
         self._rows(("SELECT pg_advisory_xact_lock($1)", [sql.DDL_LOCK]))
         s = scope.settings
-        found = self._columns(s.schema, s.table)
-        if found is not None:
-            # Another writer created it while this one waited for the lock.
-            self._table_cols = found
-            return
-        self._run(f"CREATE SCHEMA IF NOT EXISTS {quote(s.schema)}")
+        if self._columns(s.schema, s.table) is not None:
+            # Another writer created it while this one waited for the lock: the batch was
+            # fitted to no table, so it is fitted again to the one that writer created.
+            raise CommitConflict(f"a concurrent writer created table {_name(s)}")
+        self._create_schema(s.schema)
         columns = [(f.stored_name, DIALECT.type_sql(f.stored_type)) for f in self._fits]
         self._run(sql.create_table(_target(scope), columns))
         if s.partition_names:
@@ -547,8 +700,7 @@ class PostgresBackend:
         name = f"{schema}.{table}"
         region = region_of(window, partition_columns, lambda c: _arrow_type(cols, c, name), name)
         # The library's own table has a name no user table can have, so it skips that check.
-        own = (schema, table) == (OWNERS_SCHEMA, OWNERS_TABLE)
-        target = OWNERS if own else qualified(schema, table)
+        target = owners_of(schema) if table == OWNERS_TABLE else qualified(schema, table)
         rows = self._read(target, schema, table, region)
         name = BATCH_PREFIX + uuid.uuid4().hex
         duck = self.evaluator()
@@ -581,6 +733,28 @@ def _target(scope: Scope) -> str:
 
 def _name(settings: WriteSettings) -> str:
     return f"{settings.schema}.{settings.table}"
+
+
+def _name_sql(settings: WriteSettings) -> str:
+    return qualified(settings.schema, settings.table)
+
+
+#: A timestamp unit's fractional second digits.
+_UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+
+
+def _roundings(fits: Sequence[ColumnFit], cols: dict[str, str]) -> tuple[Rounding, ...]:
+    """The table's timestamp columns that keep fewer fractional digits than the batch sends."""
+    found = []
+    for fit in fits:
+        digits = timestamp_digits(cols.get(fit.stored_name, ""))
+        if (
+            digits is not None
+            and pa.types.is_timestamp(fit.type)
+            and digits < _UNIT_DIGITS[fit.type.unit]
+        ):
+            found.append(Rounding(fit.name, fit.stored_name, digits, cols[fit.stored_name]))
+    return tuple(found)
 
 
 #: Column types that store a value otherwise than the staged batch holds it: fractional

@@ -43,22 +43,42 @@ def lock_key(schema: str, table: str, partition: str | None) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def table_lock(schema: str, table: str, purpose: str) -> int:
+    """The advisory lock of one of a table's own concerns (``schema``, ``keys``).
+
+    Never a partition's: its text starts with ``purpose`` and a separator no identifier holds.
+    """
+    text = f"{purpose}\x01{schema}\x00{table}"
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 #: The lock every writer takes before it creates a schema, a table or the owners record.
 DDL_LOCK = lock_key("idem", "ddl", None)
 
 
-def describe(owners: tuple[str, str], schema: str, table: str) -> Statement:
-    """The columns of the target and of the owners table: rows of ``(is_owners, name, type)``."""
+def describe(owners: str, legacy_schema: str, schema: str, table: str) -> Statement:
+    """The columns of the target and of the owners tables: rows of ``(kind, name, type)``.
+
+    ``kind`` is 0 for the target, 1 for the owners table ``owners`` of its schema, 2 for the
+    one of ``legacy_schema``, where the records were once kept.
+    """
     return numbered(
         (
-            "SELECT n.nspname = ? AND c.relname = ?, a.attname, format_type(a.atttypid,"
-            " a.atttypmod) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid ="
-            " c.relnamespace JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum >"
-            " 0 AND NOT a.attisdropped WHERE c.relkind IN ('r', 'p') AND ((n.nspname = ? AND"
-            " c.relname = ?) OR (n.nspname = ? AND c.relname = ?)) ORDER BY a.attnum",
-            [*owners, schema, table, *owners],
+            "SELECT CASE WHEN c.relname <> ? THEN 0 WHEN n.nspname = ? THEN 1 ELSE 2 END,"
+            " a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_class c JOIN"
+            " pg_catalog.pg_namespace n ON n.oid = c.relnamespace JOIN pg_catalog.pg_attribute"
+            " a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped WHERE c.relkind"
+            " IN ('r', 'p') AND ((n.nspname = ? AND c.relname IN (?, ?)) OR (n.nspname = ? AND"
+            " c.relname = ?)) ORDER BY 1, a.attnum",
+            [owners, schema, schema, table, owners, legacy_schema, owners],
         )
     )
+
+
+def schema_exists(schema: str) -> Statement:
+    """One row when ``schema`` exists, none otherwise."""
+    return numbered(("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = ?", [schema]))
 
 
 def table_columns(schema: str, table: str) -> Statement:
@@ -71,6 +91,20 @@ def table_columns(schema: str, table: str) -> Statement:
             " c.relname = ? AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             [schema, table],
         )
+    )
+
+
+def numeric_digits(target: str, column: str) -> str:
+    """The digits a ``numeric`` column's values need: one row of ``(integer, scale, exact)``.
+
+    ``exact``: whether every value reads back unchanged through a double.
+    """
+    c = quote(column)
+    # A double holds magnitudes up to about 1e308; a larger value is not exact in one anyway.
+    exact = f"CASE WHEN abs({c}) < 1e300 THEN {c}::float8::numeric = {c} ELSE false END"
+    return (
+        f"SELECT max(length(trunc(abs({c}))::text)), max(scale({c})), bool_and({exact})"
+        f" FROM {target} WHERE {c} <> 'NaN'"
     )
 
 

@@ -47,6 +47,8 @@ class PostgresTypes:
     """The schema fit's dialect for PostgreSQL."""
 
     engine = "Postgres"
+    #: The bytes of a name PostgreSQL keeps (NAMEDATALEN - 1); it drops the rest silently.
+    name_bytes = 63
 
     def stored_type(self, batch_type: pa.DataType) -> pa.DataType:
         """The Arrow type a new column of ``batch_type`` reads back as once stored."""
@@ -112,6 +114,26 @@ def arrow_type(column_type: str) -> pa.DataType | None:
     # timestamp(3) and time(0) keep their precision; Arrow reads them back as microseconds.
     plain = re.sub(r"\(\d+\)", "", column_type)
     return _FROM_POSTGRES.get(plain)
+
+
+_TIMESTAMP = re.compile(r"timestamp(?:\((\d)\))? with(?:out)? time zone")
+
+
+def timestamp_digits(column_type: str) -> int | None:
+    """The fractional second digits a ``timestamp(n)`` column keeps (6 without ``n``)."""
+    found = _TIMESTAMP.fullmatch(column_type)
+    if found is None:
+        return None
+    return int(found[1]) if found[1] is not None else 6
+
+
+_LENGTH = re.compile(r"(?:character varying|character)\((\d+)\)")
+
+
+def text_lengths(columns: dict[str, str]) -> dict[str, tuple[int, str]]:
+    """The characters each ``varchar(n)`` or ``char(n)`` column holds, with its type."""
+    found = {name: _LENGTH.fullmatch(kind) for name, kind in columns.items()}
+    return {name: (int(m[1]), columns[name]) for name, m in found.items() if m}
 
 
 def _unsupported(type_name: str) -> SchemaMismatchError:

@@ -36,6 +36,23 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Rounding:
+    """A stored timestamp column that keeps fewer fractional digits than the batch sends.
+
+    The engine rounds a value to them, half away from zero (PostgreSQL's ``timestamp(0)``,
+    DuckDB's ``TIMESTAMP_S``), which can move it past a window bound.
+    """
+
+    #: The column as the batch names it, in :attr:`Staged.sent`.
+    column: str
+    stored_name: str
+    #: The fractional second digits the stored column keeps, 0 to 6.
+    digits: int
+    #: The stored column's type as the engine spells it, for messages.
+    stored_sql: str
+
+
+@dataclass(frozen=True)
 class Staged:
     """The batch as it will be stored: the target's column names and types."""
 
@@ -49,6 +66,10 @@ class Staged:
     #: The schema changes the asset opted into that this batch needs (``schema_fit``); the
     #: relation is already cast to the changed types, the table is changed by ``evolve``.
     changes: tuple[SchemaChange, ...] = ()
+    #: The columns stored rounded to fewer digits (the relation holds the rounded values) ...
+    rounds: tuple[Rounding, ...] = ()
+    #: ... and the batch as sent, under the name the evaluator reads it by ("" without any).
+    sent: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,10 +126,6 @@ class Backend(Protocol):
 
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Cast the batch to the stored names and types (the engine's rounding), or refuse it."""
-        ...
-
-    def refuse_rounded_out(self, scope: Scope, rows: int) -> None:
-        """Refuse rows the stored precision moves out of the window (called on stray rows)."""
         ...
 
     def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
@@ -169,11 +186,28 @@ class Backend(Protocol):
 
 
 class CommitConflict(Exception):
-    """An optimistic commit lost to a concurrent writer; nothing of this publish was stored.
+    """A concurrent writer changed the table under this publish; nothing of it was stored.
 
-    Raised by :meth:`Backend.transaction` of engines that commit optimistically (Delta Lake):
-    the publish starts over on the table's new version, a bounded number of times.
+    Raised by :meth:`Backend.transaction` of engines that commit optimistically (Delta Lake),
+    and by a backend that finds, once it holds the table, that a concurrent writer created or
+    altered it after it was described (PostgreSQL): the publish starts over on the table as it
+    is now, a bounded number of times.
     """
+
+
+@runtime_checkable
+class ChecksKeysAtCommit(Protocol):
+    """A backend whose merges could miss a concurrent writer's uncommitted keys.
+
+    Under READ COMMITTED two merges of different partitions each count the keys living
+    elsewhere without seeing the other's; both would store a shared new key. Such a backend
+    counts them again right before its commit, under a lock every merge of the table holds
+    from that count to its commit, so the later of two such writers sees the earlier's keys.
+    """
+
+    def keys_elsewhere_at_commit(self, scope: Scope) -> int:
+        """Target rows outside the window whose key the batch holds, counted under that lock."""
+        ...
 
 
 @runtime_checkable
