@@ -18,7 +18,8 @@ from deltalake import DeltaTable
 
 import idem_assets as ia
 from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, owner_of
-from tests.conformance.conftest import delta_store
+from tests.conformance import test_first_writers as first
+from tests.conformance.conftest import Store, delta_store
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, REFUSALS, events
 from tests.conformance.test_replace_contract import asset as contract_asset
 from tests.conformance.test_replace_contract import fill as contract_fill
@@ -299,6 +300,37 @@ def race(root: str, barrier: Path, writers: list[tuple[str, int]]) -> list[dict[
     """Writers that all decide on one table version, then commit at once."""
     processes = [start_writer(root, day, v, barrier, len(writers)) for day, v in writers]
     return [outcome(p) for p in processes]
+
+
+def first_writers_of_one_day(store: Store, options: dict[str, str] | None = None) -> None:
+    """Two processes create one table with one day at once: each reports the version it wrote.
+
+    The loser of the creation starts over on the winner's table, so the versions are 0 and 1,
+    and each writer's version holds exactly its own batch in the day.
+    """
+    writers = [(first.DAY, 1, "plain"), (first.DAY, 2, "plain")]
+    for i in range(first.RACES):
+        results = first.race(store, f"events_{i}", "overwrite", writers)
+        assert [r[0] for r in results] == ["committed", "committed"], results
+        uri = f"{store.config['root']}/main/events_{i}"
+        versions = {}
+        for writer, (_, _, metadata) in zip(writers, results, strict=True):
+            assert metadata["delta_table_uri"] == uri
+            version = metadata["delta_version"]
+            at = DeltaTable(uri, version=version, storage_options=options).to_pyarrow_table()
+            versions[version] = sorted(
+                zip(*at.drop_columns([DAY_COLUMN]).to_pydict().values(), strict=True)
+            )
+            assert versions[version] == first.rows_of([writer]), f"version {version}: {results}"
+        assert sorted(versions) == [0, 1], results
+        assert DeltaTable(uri, storage_options=options).version() == 1
+
+
+@pytest.mark.slow
+def test_first_writers_of_a_new_table_report_the_versions_they_committed(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    first_writers_of_one_day(delta_store(request, tmp_path))
 
 
 @pytest.mark.parametrize("existing", [True, False], ids=["table exists", "new table"])

@@ -35,11 +35,12 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
+from idem_assets.lib.backends.delta_errors import lost_commit
 from idem_assets.lib.backends.delta_types import DELTA_TYPES
 from idem_assets.lib.backends.protocol import (
     CommitConflict,
@@ -333,8 +334,11 @@ class DeltaBackend:
             if self._pending is not None:
                 try:
                     self._pending()
-                except CommitFailedError as exc:
-                    raise CommitConflict(str(exc).split("\n")[0]) from exc
+                except DeltaError as exc:
+                    lost = lost_commit(exc)
+                    if lost is None:
+                        raise
+                    raise CommitConflict(lost) from exc
         finally:
             self._pending, self._snapshot = None, None
             self._write_batch, self._written = None, None
@@ -560,7 +564,7 @@ class DeltaBackend:
 
         def commit() -> None:
             if snap.table is None:
-                self._create(scope, snap, data, predicate)
+                self._create(scope, snap, data)
                 return
             self._claim(scope, snap.table)
             write_deltalake(
@@ -597,7 +601,7 @@ class DeltaBackend:
         def commit() -> None:
             table = snap.table
             if table is None:
-                self._create(scope, snap, data, self._predicate(scope))
+                self._create(scope, snap, data)
                 return
             self._claim(scope, table)
             merger = (
@@ -619,20 +623,23 @@ class DeltaBackend:
         self._pending = commit
         return data.num_rows
 
-    def _create(self, scope: Scope, snap: _Snapshot, data: pa.Table, predicate: str | None) -> None:
-        """Create the table holding the batch, named after its owner: one commit.
+    def _create(self, scope: Scope, snap: _Snapshot, data: pa.Table) -> None:
+        """Create the table holding the batch, named after its owner: one commit, version 0.
 
-        A writer that created it first makes this commit fail (a concurrent metadata change),
-        and the publish starts over on that writer's table.
+        The publish decided on no table, so only version 0 may hold its batch. ``mode='error'``
+        refuses a table another writer created before this one opened it; without a retry,
+        delta-rs cannot rebase the creation onto a table created while this one wrote (it would
+        commit version 1, the batch beside the other's). Either way the publish starts over on
+        that writer's table and decides again.
         """
         write_deltalake(
             snap.uri,
             data,
-            mode="overwrite",
-            predicate=predicate,
+            mode="error",
             partition_by=delta_partitions(scope.settings, data) or None,
             name=OWNER_PREFIX + scope.settings.asset,
             storage_options=self.storage_options,
+            commit_properties=CommitProperties(max_commit_retries=0),
         )
         self.version, self.committed_uri = 0, snap.uri
 
