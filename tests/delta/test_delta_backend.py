@@ -14,7 +14,7 @@ import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 import idem_assets as ia
 from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, owner_of
@@ -202,6 +202,107 @@ def test_a_table_of_another_asset_is_refused_and_the_printed_handover_works(
     exec(handover[1], {"deltalake": __import__("deltalake")})
     dg.materialize([region_events("eu")], resources=resources, partition_key=ALL_DAYS[0])
     assert owner_of(DeltaTable(f"{root}/main/events")) == "eu/events"
+
+
+def run_handover(message: str) -> None:
+    """Run the handover a refusal of an unowned table prints, exactly as printed."""
+    handover = re.search(
+        r"hand it over once: (deltalake\.DeltaTable\(.*?\)\.alter\..*?\)) ", message
+    )
+    assert handover is not None, message
+    exec(handover[1], {"deltalake": __import__("deltalake")})
+
+
+VISITS = {"partition_expr": "day", "primary_key": ["visit_id"]}
+
+
+def visits_rows(day: str, version: int = 0, tip: bool = False) -> pa.Table:
+    """Three visits of ``day``, as another tool's table holds them (a DATE column ``day``)."""
+    base = int(day.replace("-", "")) * 10
+    found = pa.table(
+        {
+            "visit_id": pa.array([base + i for i in range(3)], pa.int64()),
+            "day": pa.array([date.fromisoformat(day)] * 3, pa.date32()),
+            "n": pa.array([version] * 3, pa.int64()),
+        }
+    )
+    return found.append_column("tip", pa.array([0.5] * 3)) if tip else found
+
+
+def visits_asset(metadata: dict[str, Any], io_manager: str, tip: bool) -> dg.AssetsDefinition:
+    @dg.asset(name="visits", partitions_def=DAILY, io_manager_key=io_manager, metadata=metadata)
+    def visits(context: dg.AssetExecutionContext) -> pa.Table:
+        return visits_rows(context.partition_key, version=1, tip=tip)
+
+    return visits
+
+
+@pytest.mark.parametrize(
+    ("io_manager", "metadata", "tip"),
+    [
+        ("io_manager", VISITS, False),
+        ("merge_io_manager", VISITS, False),
+        ("merge_io_manager", {**VISITS, "schema_evolution": "add_columns"}, True),
+    ],
+    ids=["overwrite", "merge", "merge-add-columns"],
+)
+def test_a_table_another_tool_made_is_handed_over_then_written_in_its_own_layout(
+    tmp_path: Path, io_manager: str, metadata: dict[str, Any], tip: bool
+) -> None:
+    """dagster-deltalake's layout (partitioned by the DATE column itself, a name of its own)."""
+    root = str(tmp_path / "lake")
+    uri = f"{root}/main/visits"
+    theirs = pa.concat_tables([visits_rows(ALL_DAYS[0]), visits_rows(ALL_DAYS[1])])
+    write_deltalake(uri, theirs, partition_by=["day"], name="team_visits")
+    resources = {
+        "io_manager": ia.DeltaOverwriteIOManager(root=root),
+        "merge_io_manager": ia.DeltaMergeIOManager(root=root),
+    }
+    visits = visits_asset(metadata, io_manager, tip)
+    before = files_of(root)
+
+    with pytest.raises(ia.ConfigurationError, match="exists, but no asset owns it") as refused:
+        dg.materialize([visits], resources=resources, partition_key=ALL_DAYS[1])
+    assert files_of(root) == before
+    assert DeltaTable(uri).metadata().name == "team_visits"
+
+    run_handover(str(refused.value))
+    for _ in range(2):
+        dg.materialize([visits], resources=resources, partition_key=ALL_DAYS[1])
+    table = DeltaTable(uri)
+    assert owner_of(table) == "visits"
+    assert table.metadata().partition_columns == ["day"]
+    columns = ["visit_id", "day", "n", *(["tip"] if tip else [])]
+    # By name: delta-rs moves the partition column last when it merges a schema.
+    assert sorted(pa.schema(table.schema().to_arrow()).names) == sorted(columns)  # type: ignore[arg-type]
+    found = table.to_pyarrow_table().select(columns)
+    kept = visits_rows(ALL_DAYS[0])
+    if tip:
+        kept = kept.append_column("tip", pa.array([None] * 3, pa.float64()))
+    assert expected(found) == expected(kept, visits_rows(ALL_DAYS[1], 1, tip))
+
+
+def test_a_merge_that_adds_a_column_is_one_commit_that_keeps_the_owner(tmp_path: Path) -> None:
+    """delta-rs's schema-merging MERGE drops the table's name, where the owner is recorded."""
+    root = str(tmp_path)
+    fill(root, "merge")
+    version = DeltaTable(f"{root}/main/events").version()
+    tipped = events(ALL_DAYS[1], version=1).slice(0, 600)
+    tipped = tipped.append_column("tip", pa.array([0.5] * 600))
+    result = publish(
+        root, tipped, "merge", ALL_DAYS[1], schema_evolution="add_columns", delete_missing=False
+    )
+
+    table = DeltaTable(f"{root}/main/events")
+    assert (table.version(), owner_of(table)) == (version + 1, "events")
+    kept = events(ALL_DAYS[1]).slice(600).append_column("tip", pa.array([None] * 400, pa.float64()))
+    others = [
+        events(d).append_column("tip", pa.array([None] * 1000, pa.float64()))
+        for d in (ALL_DAYS[0], ALL_DAYS[2])
+    ]
+    assert stored(root) == expected(others[0], tipped, kept, others[1])
+    assert result.fingerprint == fingerprint(root, ALL_DAYS[1])
+    assert (result.rows, result.inserted, result.updated) == (1000, 0, 600)
 
 
 # dagster-io/dagster#34064 and the range run: replayed on the column types that broke them ------
@@ -518,3 +619,52 @@ def test_a_widening_the_asset_opted_into_is_refused_and_changes_nothing(tmp_path
     publish(root, tipped, "overwrite", ALL_DAYS[0], schema_evolution="add_columns")
     assert DeltaTable(f"{root}/main/events").version() == before[1] + 1
     assert {row[3] for row in stored(root)} == {0.5}
+
+
+def test_an_append_only_table_refuses_removals_at_once_and_the_printed_lift_works(
+    tmp_path: Path,
+) -> None:
+    """delta.appendOnly refuses every commit that removes a file: no retry can change that."""
+    root = str(tmp_path)
+    fill(root)
+    DeltaTable(f"{root}/main/events").alter.set_table_properties({"delta.appendOnly": "true"})
+    version = DeltaTable(f"{root}/main/events").version()
+    attempts: list[str] = []
+
+    def count(stage: str) -> None:
+        attempts.append(stage)
+
+    newer = events(ALL_DAYS[1], version=1)
+    for mode, metadata, removal in [
+        ("overwrite", {}, "an overwrite replaces the window's files"),
+        ("merge", {}, "this merge updates 1000 and deletes 0 stored row(s)"),
+        ("merge", {"delete_missing": True}, "updates 500 and deletes 500 stored row(s)"),
+    ]:
+        batch = newer if "500" not in removal else newer.slice(0, 500)
+        with DeltaBackend(root) as backend, pytest.raises(ia.ConfigurationError) as refused:
+            ia.publish(
+                backend,
+                batch,
+                settings(mode, {**EVENTS, **metadata}, table="events"),
+                window(ALL_DAYS[1]),
+                now=NOW,
+                on_stage=count,
+            )
+        assert "table main.events is append-only (delta.appendOnly), and Delta Lake" in str(
+            refused.value
+        )
+        assert removal in str(refused.value)
+    assert attempts == [] and DeltaTable(f"{root}/main/events").version() == version
+
+    # New keys only: a merge that removes nothing is an append, which the table takes.
+    added = events(ALL_DAYS[1], version=2).set_column(
+        0, "event_id", pa.array(range(1000), pa.int64())
+    )
+    publish(root, added, "merge", ALL_DAYS[1], delete_missing=False)
+    assert len(stored(root)) == 4000
+
+    lift = re.search(r"lift the property once: (deltalake\..*?\}\));", str(refused.value))
+    assert lift is not None
+    exec(lift[1], {"deltalake": __import__("deltalake")})
+    publish(root, newer, "overwrite", ALL_DAYS[1])
+    assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
