@@ -533,8 +533,66 @@ def test_a_new_table_stores_deltas_types_and_later_batches_fit_them(tmp_path: Pa
         publish(root, drifted, "overwrite", day)
     text = str(refused.value)
     assert "types that cannot hold every batch value [amount: table FLOAT, batch STRING]" in text
-    assert "ALTER TABLE main.events ALTER COLUMN amount TYPE STRING" in text
+    assert "d['amount'].cast(pyarrow.string())" in text
     assert len(stored(root)) == 2
+
+
+def run_migration(message: str) -> None:
+    """Run the migration a schema refusal prints, exactly as printed."""
+    found = re.search(
+        r"(?:migrate the table first, then rerun|a rewrite of every row, in one"
+        r" commit): (.*?)(?:\.$|\) and set)",
+        message,
+    )
+    assert found is not None, message
+    exec(found[1], {"deltalake": __import__("deltalake")})
+
+
+def retyped(batch: pa.Table, column: str, values: pa.Array) -> pa.Table:
+    return batch.set_column(batch.schema.get_field_index(column), column, values)
+
+
+@pytest.mark.parametrize(
+    ("change", "metadata"),
+    [
+        ("extra", {}),
+        ("missing", {}),
+        ("retyped", {}),
+        ("widened", {"schema_evolution": "widen_types"}),
+    ],
+)
+def test_a_printed_migration_runs_as_printed_and_then_the_batch_fits(
+    tmp_path: Path, change: str, metadata: dict[str, Any]
+) -> None:
+    """delta-rs runs no ALTER TABLE: the migration printed is deltalake's API, run here."""
+    root = str(tmp_path)
+    narrow = [retyped(events(d), "amount", pa.array(range(1000), pa.int32())) for d in ALL_DAYS]
+    for day, batch in zip(ALL_DAYS, narrow, strict=True):
+        publish(root, batch, "overwrite", day)
+    newer = {
+        "extra": narrow[1].append_column("tip", pa.array([0.5] * 1000)),
+        "missing": narrow[1].drop_columns(["amount"]),
+        "retyped": retyped(narrow[1], "amount", pa.array([f"{i}.5" for i in range(1000)])),
+        "widened": retyped(narrow[1], "amount", pa.array(range(1000), pa.int64())),
+    }[change]
+    with pytest.raises(ia.SchemaMismatchError) as refused:
+        publish(root, newer, "overwrite", ALL_DAYS[1], **metadata)
+    run_migration(str(refused.value))
+    publish(root, newer, "overwrite", ALL_DAYS[1], **metadata)
+
+    table = DeltaTable(f"{root}/main/events")
+    assert owner_of(table) == "events"
+    assert table.metadata().partition_columns == [DAY_COLUMN]
+    found = table.to_pyarrow_table().select(newer.column_names)
+    assert found.schema.remove_metadata() == newer.schema
+    if change == "extra":
+        kept = [b.append_column("tip", pa.nulls(1000, pa.float64())) for b in narrow[::2]]
+    else:
+        kept = [b.select(newer.column_names) for b in narrow[::2]]
+    if change in ("retyped", "widened"):
+        amount = newer.schema.field("amount").type
+        kept = [retyped(b, "amount", b["amount"].cast(amount)) for b in kept]
+    assert expected(found) == expected(kept[0], newer, kept[1])
 
 
 # Windows finer than the day partition ---------------------------------------------------------

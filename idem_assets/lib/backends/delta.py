@@ -42,7 +42,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
 from idem_assets.lib.backends.delta_errors import lost_commit
-from idem_assets.lib.backends.delta_types import DELTA_TYPES
+from idem_assets.lib.backends.delta_types import DeltaTypes
 from idem_assets.lib.backends.protocol import (
     CommitConflict,
     Counts,
@@ -378,12 +378,13 @@ class DeltaBackend:
         """Fit the batch to the table (schema_fit), cast it in Arrow, register it for the guards."""
         snap = self._current()
         table = {f.name: f.type for f in snap.schema} if snap.schema is not None else None
-        changes = schema_changes(settings, where, batch.schema, table, DELTA_TYPES)
+        types = DeltaTypes(snap.uri)
+        changes = schema_changes(settings, where, batch.schema, table, types)
         if table is not None and changes:
-            _refuse_widening(settings, where, changes, table)
+            _refuse_widening(settings, where, changes, table, types)
             table = evolved(table, changes)
-        fits = fit_columns(settings, where, batch.schema, table, DELTA_TYPES)
-        refuse_lossy_values(batch, fits, settings, where, DELTA_TYPES)
+        fits = fit_columns(settings, where, batch.schema, table, types)
+        refuse_lossy_values(batch, fits, settings, where, types)
         unchanged = all(f.name == f.stored_name and f.type == f.stored_type for f in fits)
         # Timestamps are floored to microseconds: a floor never moves a row across a window
         # bound, so the guards judge exactly the rows Delta stores.
@@ -819,6 +820,7 @@ def _refuse_widening(
     where: str,
     changes: Sequence[SchemaChange],
     table: dict[str, pa.DataType],
+    types: DeltaTypes,
 ) -> None:
     """Refuse a type the asset opted to widen: delta-rs cannot change a column's type in a write."""
     widened = [c for c in changes if c.action == "widen_type"]
@@ -830,9 +832,10 @@ def _refuse_widening(
         f"Refused to write {where}: schema_evolution asks to widen [{listed}], but Delta Lake"
         " (delta-rs) cannot change a column's type in the commit that writes the batch; only"
         " new columns can be added there. Nothing was changed. Fix: cast the batch to the"
-        " table's type (e.g. df['col'] = df['col'].astype(...)), or rewrite the table once"
-        " with the wider type (read it, cast the column, write_deltalake(...,"
-        f" mode='overwrite', schema_mode='overwrite')) and set schema_evolution to {keeps}."
+        " table's type (e.g. df['col'] = df['col'].astype(...)), or widen the table once (a"
+        " rewrite of every row, in one commit: "
+        + types.migration([], {}, {c.column: c.type for c in widened})
+        + f") and set schema_evolution to {keeps}."
     )
 
 
