@@ -4,8 +4,10 @@ failures dagster-deltalake is known for, and writers racing in separate processe
 
 import json
 import re
+import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -726,3 +728,124 @@ def test_an_append_only_table_refuses_removals_at_once_and_the_printed_lift_work
     exec(lift[1], {"deltalake": __import__("deltalake")})
     publish(root, newer, "overwrite", ALL_DAYS[1])
     assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
+
+
+# What delta-rs refuses at the commit: named, with the fix, as a test runs it --------------------
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "merge"])
+def test_rows_a_check_constraint_refuses_are_named_and_the_printed_drop_works(
+    tmp_path: Path, mode: str
+) -> None:
+    root = str(tmp_path)
+    fill(root, mode)
+    DeltaTable(f"{root}/main/events").alter.add_constraint({"amount_small": "amount < 100"})
+    version = DeltaTable(f"{root}/main/events").version()
+    # Amounts are i % 97 + 5: the 20 rows with i % 97 of 95 or 96 reach 100.
+    newer = events(ALL_DAYS[1], version=5)
+    with pytest.raises(ia.ConstraintViolationError) as refused:
+        publish(root, newer, mode, ALL_DAYS[1])
+    text = str(refused.value)
+    assert text.startswith(
+        f"Refused to write asset 'events', partition {ALL_DAYS[1]}: 20 row(s) of the batch break"
+        " the table's constraints [CHECK amount_small (amount < 100)]"
+    )
+    assert "| 202601020095 | 2026-01-02T02:06:40 | 100.0" in text
+    assert "__delta_rs" not in text
+    assert DeltaTable(f"{root}/main/events").version() == version
+
+    drop = re.search(r"drop it: (deltalake\..*?\)). Sample:", text)
+    assert drop is not None
+    exec(drop[1], {"deltalake": __import__("deltalake")})
+    publish(root, newer, mode, ALL_DAYS[1])
+    assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
+
+
+@pytest.mark.parametrize("damage", ["last-entry-cut-short", "entry-missing"])
+def test_a_damaged_log_entry_is_named_with_its_fix(tmp_path: Path, damage: str) -> None:
+    """Each day's publish is one log entry: entry 2 cut short, or entry 1 gone."""
+    root = str(tmp_path)
+    fill(root)
+    log = Path(root, "main", "events", "_delta_log")
+    entry = log / f"{2 if damage == 'last-entry-cut-short' else 1:020d}.json"
+    whole = entry.read_bytes()
+    if damage == "last-entry-cut-short":
+        entry.write_bytes(whole[: len(whole) // 2])
+    else:
+        entry.unlink()
+    newer = events(ALL_DAYS[1], version=1)
+    with pytest.raises(ia.StorageError) as refused:
+        publish(root, newer, "overwrite", ALL_DAYS[1])
+    text = str(refused.value)
+    assert f"the Delta log of table main.events ({log}) cannot be read" in text
+    assert f"Fix: restore {entry} from a backup" in text
+
+    if damage == "last-entry-cut-short":
+        assert "log entry 00000000000000000002.json is cut short or not JSON" in text
+        removal = re.search(r"deleting it \((os\.remove\(.*?\))\)", text)
+        assert removal is not None
+        exec(removal[1], {"os": __import__("os")})
+        # Back at version 1: the third day's commit is gone, and its partition is rerun.
+        publish(root, events(ALL_DAYS[2]), "overwrite", ALL_DAYS[2])
+    else:
+        assert "log entry 00000000000000000001.json is missing" in text
+        assert "deleting it" not in text
+        entry.write_bytes(whole)
+    publish(root, newer, "overwrite", ALL_DAYS[1])
+    assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
+
+
+@pytest.fixture
+def immutable(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
+    """Make a path immutable (chattr +i: root ignores permission bits); undone after the test."""
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+            pytest.skip("chattr +i needs root and a file system with attributes")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+@pytest.mark.parametrize("where", ["log", "schema"], ids=["log-of-a-table", "schema-of-a-new-one"])
+def test_storage_the_publish_may_not_write_is_named_with_its_fix(
+    tmp_path: Path, immutable: Callable[[Path], None], where: str
+) -> None:
+    root = str(tmp_path / "lake")
+    fill(root)
+    newer = events(ALL_DAYS[1], version=1)
+    table = "events" if where == "log" else "other"
+    immutable(Path(root, "main", "events", "_delta_log") if where == "log" else Path(root, "main"))
+    with pytest.raises(ia.StorageError) as refused:
+        publish(root, newer, "overwrite", ALL_DAYS[1]) if table == "events" else other(root, newer)
+    text = str(refused.value)
+    path = (
+        f"{root}/main/events/_delta_log/{3:020d}.json" if where == "log" else f"{root}/main/other"
+    )
+    assert f"Delta Lake may not write {path}: operation not permitted. Nothing was changed" in text
+    assert stored(root) == expected(*(events(d) for d in ALL_DAYS))
+
+    command = re.search(r"an immutable file or directory: (chattr .*?)\)", text)
+    assert command is not None
+    subprocess.run(shlex.split(command[1]), check=True)
+    if table == "events":
+        publish(root, newer, "overwrite", ALL_DAYS[1])
+        assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
+    else:
+        other(root, newer)
+        assert stored(root, "other") == expected(newer)
+
+
+def other(root: str, batch: pa.Table) -> None:
+    """Publish ``batch`` to a new table ``main.other``."""
+    with DeltaBackend(root) as backend:
+        ia.publish(
+            backend,
+            batch,
+            settings("overwrite", EVENTS, table="other"),
+            window(ALL_DAYS[1]),
+            now=NOW,
+        )

@@ -41,7 +41,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
-from idem_assets.lib.backends.delta_errors import lost_commit
+from idem_assets.lib.backends.delta_errors import denied, log_damage, lost_commit, refused_rows
 from idem_assets.lib.backends.delta_types import DeltaTypes
 from idem_assets.lib.backends.protocol import (
     CommitConflict,
@@ -279,6 +279,8 @@ class DeltaBackend:
         self.version: int | None = None
         self.committed_uri: str | None = None
         self._conn: duckdb.DuckDBPyConnection | None = None
+        #: "asset 'x', partition D" of the publish in progress, for messages.
+        self._where: str | None = None
         self._names: list[str] = []
         self._views: list[str] = []
         self._snapshot: _Snapshot | None = None
@@ -322,31 +324,62 @@ class DeltaBackend:
         """Where ``schema.table`` lives."""
         return table_uri(self.root, schema, table)
 
-    def _open(self, uri: str) -> DeltaTable | None:
+    def _open(self, uri: str, where: str | None = None) -> DeltaTable | None:
+        """The table's latest version, ``None`` without one; a log it cannot read is named."""
         try:
             return DeltaTable(uri, storage_options=self.storage_options)
         except TableNotFoundError:
             return None
+        except DeltaError as exc:
+            target = ".".join(uri.rsplit("/", 2)[-2:])
+            damaged = log_damage(exc, where, uri, target)
+            if damaged is None:
+                raise
+            raise damaged from exc
 
     @contextmanager
     def transaction(self, where: str) -> Iterator[None]:
         """A fresh evaluator for the guards; the one Delta commit when the body returns."""
         self.close()
+        self._where = where
         try:
             yield
             if self._pending is not None:
-                try:
-                    self._pending()
-                except DeltaError as exc:
-                    lost = lost_commit(exc)
-                    if lost is None:
-                        raise
-                    raise CommitConflict(lost) from exc
+                self._pending()
+        except (DeltaError, OSError) as exc:
+            lost = lost_commit(exc)
+            if lost is not None:
+                raise CommitConflict(lost) from exc
+            explained = self._explained(exc, where)
+            if explained is None:
+                raise
+            raise explained from exc
         finally:
+            self._where = None
             self._pending, self._snapshot = None, None
             self._write_batch, self._written = None, None
             self._adds_columns = False
             self.close()
+
+    def _explained(self, exc: BaseException, where: str) -> Exception | None:
+        """A library error naming what delta-rs failed on and its fix, if it is one it knows."""
+        snap = self._snapshot
+        if snap is None or snap.table is None:
+            return denied(exc, where, self.root)
+        target = snap.uri.rsplit("/", 2)
+        table = snap.table
+        checks = {
+            name.removeprefix("delta.constraints."): expression
+            for name, expression in table.metadata().configuration.items()
+            if name.startswith("delta.constraints.") and expression is not None
+        }
+        fields = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
+        not_null = [f.name for f in fields if not f.nullable]
+        return (
+            refused_rows(exc, where, snap.uri, checks, not_null)
+            or log_damage(exc, where, snap.uri, f"{target[-2]}.{target[-1]}")
+            or denied(exc, where, self.root)
+        )
 
     def evaluator(self) -> duckdb.DuckDBPyConnection:
         """The embedded DuckDB: the staged batch and the window's rows are registered in it."""
@@ -355,7 +388,7 @@ class DeltaBackend:
     def describe(self, settings: WriteSettings) -> Target:
         """Open the table's latest version: every later read and the commit use it."""
         uri = self.uri(settings.schema, settings.table)
-        table = self._open(uri)
+        table = self._open(uri, self._where)
         schema, owner, partition_by, append_only = None, None, (), False
         if table is not None:
             full = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
