@@ -22,7 +22,8 @@ from tests.reliability.workers import context
 
 pytestmark = pytest.mark.slow
 
-RACES = count(2, 10)
+#: One race per case in the everyday run: without the fix every case lost its first race.
+RACES = count(1, 10)
 DAY, OTHER_DAY = "2026-01-02", "2026-01-03"
 #: A writer: its day, its batch's version and its variant (see ``writers.batch``).
 Writer = tuple[str, int, str]
@@ -95,8 +96,8 @@ def test_first_writers_of_one_day_leave_one_batch(store: Store, mode: str, secon
 
 @pytest.mark.parametrize(
     ("mode", "variant"),
-    [("overwrite", "plain"), ("merge", "plain"), ("merge", "shared")],
-    ids=["overwrite", "merge", "merge-shared-keys"],
+    [("overwrite", "plain"), ("merge", "shared")],
+    ids=["overwrite", "merge-shared-keys"],
 )
 def test_first_writers_of_two_days_each_commit_whole_or_are_refused(
     store: Store, mode: str, variant: str

@@ -23,7 +23,7 @@ from tests.conformance.test_replace_contract import EVENTS, events
 from tests.helpers import DAILY
 
 #: How long a writer at the barrier waits for the others before it commits anyway.
-HOLD_S = 3.0
+HOLD_S = 2.0
 #: Rows in each writer's day.
 ROWS = 500
 

@@ -31,12 +31,14 @@ from tests.helpers import DAILY, NOW, range_tags, settings, window
 REPO = Path(__file__).resolve().parents[2]
 
 
-def publish(root: str, batch: pa.Table, mode: str, *days: str, **metadata: Any) -> ia.PublishResult:
+def publish(
+    root: str, batch: pa.Table, mode: str, *days: str, table: str = "events", **metadata: Any
+) -> ia.PublishResult:
     with DeltaBackend(root) as backend:
         return ia.publish(
             backend,
             batch,
-            settings(mode, {**EVENTS, **metadata}, table="events"),
+            settings(mode, {**EVENTS, **metadata}, table=table),
             window(*days),
             now=NOW,
         )
@@ -820,7 +822,7 @@ def test_storage_the_publish_may_not_write_is_named_with_its_fix(
     table = "events" if where == "log" else "other"
     immutable(Path(root, "main", "events", "_delta_log") if where == "log" else Path(root, "main"))
     with pytest.raises(ia.StorageError) as refused:
-        publish(root, newer, "overwrite", ALL_DAYS[1]) if table == "events" else other(root, newer)
+        publish(root, newer, "overwrite", ALL_DAYS[1], table=table)
     text = str(refused.value)
     path = (
         f"{root}/main/events/_delta_log/{3:020d}.json" if where == "log" else f"{root}/main/other"
@@ -831,21 +833,8 @@ def test_storage_the_publish_may_not_write_is_named_with_its_fix(
     command = re.search(r"an immutable file or directory: (chattr .*?)\)", text)
     assert command is not None
     subprocess.run(shlex.split(command[1]), check=True)
+    publish(root, newer, "overwrite", ALL_DAYS[1], table=table)
     if table == "events":
-        publish(root, newer, "overwrite", ALL_DAYS[1])
         assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
     else:
-        other(root, newer)
         assert stored(root, "other") == expected(newer)
-
-
-def other(root: str, batch: pa.Table) -> None:
-    """Publish ``batch`` to a new table ``main.other``."""
-    with DeltaBackend(root) as backend:
-        ia.publish(
-            backend,
-            batch,
-            settings("overwrite", EVENTS, table="other"),
-            window(ALL_DAYS[1]),
-            now=NOW,
-        )
