@@ -18,9 +18,11 @@ the time column's date, in UTC for time-zone-aware columns) when the partitions 
 dimension, then by each category (static or dynamic) dimension's own column
 (:func:`delta_partitions`), so writers of different partitions touch different files and both
 commit. The day column is the library's own: it never reaches a fingerprint, the schema checks
-or ``load_input``. The owning asset is the table's name in its
-Delta metadata (:data:`OWNER_PREFIX` and the asset key), set by the commit that creates the
-table and read with the snapshot before any write.
+or ``load_input``; a table another tool made has none, and is written in its own layout. The
+owning asset is the table's name in its Delta metadata (:data:`OWNER_PREFIX` and the asset
+key), set by the commit that creates the table and read with the snapshot before any write;
+delta-rs names a table in no other commit that writes rows, so a table nobody owns is handed
+over by its user first (:meth:`DeltaBackend.handover_text`).
 """
 
 import os

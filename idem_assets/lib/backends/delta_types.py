@@ -78,7 +78,7 @@ class DeltaTypes:
 
     engine = "Delta Lake"
 
-    def __init__(self, uri: str = "<table uri>") -> None:
+    def __init__(self, uri: str) -> None:
         """``uri`` is the table a printed migration changes."""
         self.uri = uri
 
@@ -157,6 +157,3 @@ def arrow_code(arrow_type: pa.DataType) -> str:
     if t in _ARROW_CODE:
         return f"pyarrow.{_ARROW_CODE[t]}()"
     return f"pyarrow.type_for_alias({str(t)!r})"
-
-
-DELTA_TYPES = DeltaTypes()
