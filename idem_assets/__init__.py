@@ -16,6 +16,7 @@ from idem_assets.lib.errors import (
     BlockingCheckError,
     ConcurrentWriteError,
     ConfigurationError,
+    ConstraintViolationError,
     DuplicateKeyError,
     EmptyBatchError,
     IdempotencyError,
@@ -25,6 +26,7 @@ from idem_assets.lib.errors import (
     NullValueError,
     RuntimeValueError,
     SchemaMismatchError,
+    StorageError,
     StrayRowsError,
 )
 from idem_assets.lib.io_managers import (
@@ -57,6 +59,7 @@ __all__ = [
     "Check",
     "ConcurrentWriteError",
     "ConfigurationError",
+    "ConstraintViolationError",
     "Delivery",
     "DeliveryRecord",
     "DeliveryResult",
@@ -79,6 +82,7 @@ __all__ = [
     "PublishResult",
     "RuntimeValueError",
     "SchemaMismatchError",
+    "StorageError",
     "StrayRowsError",
     "WriteSettings",
     "WriteWindow",

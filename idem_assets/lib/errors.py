@@ -55,3 +55,11 @@ class BlockingCheckError(IdempotencyError):
 
 class ConcurrentWriteError(IdempotencyError):
     """Every attempt's commit lost to a concurrent writer of the same window."""
+
+
+class ConstraintViolationError(IdempotencyError):
+    """Rows of the batch break a constraint the table declares (CHECK, NOT NULL)."""
+
+
+class StorageError(IdempotencyError):
+    """The table's storage cannot be read or written: a damaged log, no permission to write."""

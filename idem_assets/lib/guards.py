@@ -5,6 +5,7 @@ evaluator), the target through the counts its backend reports. Each guard raises
 :class:`~idem_assets.lib.errors.IdempotencyError` before anything has changed.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -26,6 +27,11 @@ from idem_assets.lib.samples import format_sample
 from idem_assets.lib.samples import sample_text as sample
 from idem_assets.lib.settings import WriteSettings
 from idem_assets.lib.windows import Bound, spans_for
+
+#: Keys that readers of a Hive-style path (``column=value``) take for NULL: the empty string,
+#: which Delta Lake stores as NULL, and Hive's name for the NULL partition, which Polars, Spark,
+#: Arrow and DuckDB read as NULL where deltalake reads the key from its log.
+NULL_KEYS = ("", "__HIVE_DEFAULT_PARTITION__")
 
 
 @dataclass(frozen=True)
@@ -271,3 +277,79 @@ def refuse_other_owner(
         )
         + "."
     )
+
+
+def refuse_unclaimed(settings: WriteSettings, where: str, engine: str, handover: str) -> None:
+    """Refuse a table no asset owns that the publish cannot claim in the commit of its rows."""
+    target = f"{settings.schema}.{settings.table}"
+    raise ConfigurationError(
+        f"Refused to write {where}: table {target} exists, but no asset owns it: another tool"
+        f" wrote it (or its owner record was lost). {engine} cannot record an owner in the"
+        " commit that writes rows, and a commit of its own would claim the table even if the"
+        " write then failed. Nothing was changed. Fix: if asset"
+        f" '{settings.asset}' is to write this table from now on, hand it over once: {handover}"
+        " (the table keeps its rows and layout); otherwise give the asset a table of its own:"
+        " metadata={'schema': '<a schema of its own>'}."
+    )
+
+
+def refuse_removing_appended(
+    scope: Scope, existing: Counts, matched: Counts, engine: str, lift: str
+) -> None:
+    """Refuse a write that removes rows from a table that takes only appends."""
+    settings = scope.settings
+    if settings.mode == "overwrite":
+        what = "an overwrite replaces the window's files (even where the window holds no rows)"
+    else:
+        updated = sum(matched.values())
+        deleted = sum(existing.values()) - updated if settings.delete_missing else 0
+        if not updated and not deleted:
+            return
+        what = (
+            f"this merge updates {updated} and deletes {deleted} stored row(s), rewriting their"
+            " files"
+        )
+    raise ConfigurationError(
+        f"Refused to write {scope.where}: table {scope.table_name} is append-only"
+        f" (delta.appendOnly), and {engine} refuses every commit that removes a file; {what}."
+        " Nothing was changed. Fix: if the table may have rows replaced, lift the property"
+        f" once: {lift}; otherwise write only new keys to it (the merge IO manager, a batch"
+        " whose keys the table does not hold)."
+    )
+
+
+def refuse_unstorable_keys(
+    scope: Scope, paths: Mapping[tuple[str, object], str], name_limit: int | None, engine: str
+) -> None:
+    """Refuse a category key readers take for NULL in its path, or too long for a file name."""
+    for (column, key), segment in paths.items():
+        if key == "":
+            raise ConfigurationError(
+                f"Refused to write {scope.where}: its key for partition column '{column}' is"
+                f" the empty string, which {engine} stores in a partition column as NULL: the"
+                " rows would read back in no partition, and a rerun would keep them beside the"
+                " new ones. Nothing was changed. Fix: give the partition a non-empty key (e.g."
+                " 'none' in its dg.StaticPartitionsDefinition, or dynamic partition keys"
+                " without ''), and its rows that value."
+            )
+        if key in NULL_KEYS:
+            raise ConfigurationError(
+                f"Refused to write {scope.where}: its key for partition column '{column}' is"
+                f" {key!r}, the name Hive-style partition paths give NULL: {engine} would"
+                f" store the rows under '{segment}', which deltalake reads back as the key but"
+                " Polars, Spark, Arrow and DuckDB read as NULL, so for them the rows would be"
+                " in no partition. Nothing was changed. Fix: give the partition another key"
+                " (e.g. 'default' in its dg.StaticPartitionsDefinition, or another dynamic"
+                " partition key), and its rows that value."
+            )
+        size = len(segment.encode())
+        if name_limit is not None and size > name_limit:
+            raise ConfigurationError(
+                f"Refused to write {scope.where}: its key for partition column '{column}'"
+                f" ({len(str(key))} characters) would name a directory of {size} bytes"
+                f" ('{segment[:48]}...'), and the file system takes names of at most"
+                f" {name_limit} bytes ({engine} writes a byte other than A-Z, a-z, 0-9 and"
+                " -._~ as three). Nothing was changed. Fix: give the partition a key of at"
+                f" most {name_limit - len(column.encode()) - 1} bytes so written (a code, or a"
+                " hash of the name), and keep the long name in a column of its own."
+            )

@@ -317,8 +317,10 @@ class _DeltaIOManager(IdempotentIOManager):
         default_factory=dict,
         description=(
             "Options for object storage, passed to deltalake as storage_options (e.g."
-            " AWS_REGION, AWS_ENDPOINT_URL, and for S3 without conditional writes"
-            " AWS_S3_LOCKING_PROVIDER). Empty for a local directory."
+            " AWS_REGION, AWS_ENDPOINT_URL). Concurrent writers on S3 rely on its conditional"
+            " writes, which delta-rs 1.x makes by itself: set no locking provider, and never"
+            " AWS_S3_ALLOW_UNSAFE_RENAME (two writers could then both write one version)."
+            " Empty for a local directory."
         ),
     )
 

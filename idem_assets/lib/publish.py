@@ -19,11 +19,13 @@ import pyarrow as pa
 from idem_assets.lib import guards
 from idem_assets.lib.backends.duckdb import DuckDBBackend
 from idem_assets.lib.backends.protocol import (
+    AppendOnlyTables,
     Backend,
     ChecksKeysAtCommit,
     CommitConflict,
     Counts,
     HandsOver,
+    KeysInPaths,
     PartitionColumns,
     Scope,
     Target,
@@ -181,10 +183,15 @@ def _publish_in_transaction(
     on_stage: Callable[[str], None],
 ) -> tuple[PublishResult, Scope]:
     target = backend.describe(settings)
+    handover = backend.handover_text(settings) if isinstance(backend, HandsOver) else None
     if target.owner is not None:
-        handover = backend.handover_text(settings) if isinstance(backend, HandsOver) else None
         guards.refuse_other_owner(settings, where, target.owner, backend.owners_text(), handover)
+    elif target.exists and not target.claimable:
+        guards.refuse_unclaimed(settings, where, backend.engine, handover or "")
     scope = _scope(backend, batch, settings, window, where, target)
+    if isinstance(backend, KeysInPaths):
+        paths = backend.key_paths(scope)
+        guards.refuse_unstorable_keys(scope, paths, backend.name_limit, backend.engine)
     evaluator = backend.evaluator()
     found = guards.profile(evaluator, scope)
     if found.outside:
@@ -196,6 +203,9 @@ def _publish_in_transaction(
     matched, elsewhere = backend.count_keys(scope)
     if elsewhere and scope.pcols:
         guards.refuse_keys_elsewhere(scope, elsewhere, backend.keys_elsewhere_sample(scope))
+    if target.append_only and isinstance(backend, AppendOnlyTables):
+        lift = backend.lift_append_only_text(settings)
+        guards.refuse_removing_appended(scope, existing, matched, backend.engine, lift)
 
     on_stage("guards_passed")
     if target.owner is None:

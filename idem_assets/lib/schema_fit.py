@@ -14,9 +14,9 @@ in the publish's own transaction, and :func:`fit_columns` still refuses whatever
 value (a narrower type, another type, a dropped column).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,6 +45,20 @@ class TypeDialect(Protocol):
 
     def sql_name(self, name: str) -> str:
         """``name`` as a user would type it in a statement: quoted only where it must be."""
+        ...
+
+
+@runtime_checkable
+class MigratesInCode(Protocol):
+    """A dialect whose engine takes no ``ALTER TABLE``: its migrations are code to run."""
+
+    def migration(
+        self,
+        missing: Sequence[str],
+        extra: Mapping[str, pa.DataType],
+        changed: Mapping[str, pa.DataType],
+    ) -> str:
+        """Code that drops ``missing``, adds ``extra`` and retypes ``changed`` (stored types)."""
         ...
 
 
@@ -380,6 +394,14 @@ def _refuse_mismatch(
             f"ALTER TABLE {target} ALTER COLUMN {name(c)} TYPE {spelt(dialect.stored_type(new))}"
             + _reading(name(c), old, new, settings.timezone)
             for c, old, new in changed
+        ]
+    if isinstance(dialect, MigratesInCode):
+        statements = [
+            dialect.migration(
+                missing,
+                {c: dialect.stored_type(batch_cols[c]) for c in extra},
+                {c: dialect.stored_type(new) for c, _, new in changed},
+            )
         ]
     evolution = _evolution_hint(settings, dialect, batch_cols, missing, extra, changed)
     aware = [c for c, old, new in changed if _is_aware(old) or _is_aware(new)]

@@ -5,11 +5,12 @@ open the engine's backend, its two IO managers, and how to read a table back. Ad
 adding one factory to ``FACTORIES``.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import duckdb
@@ -30,16 +31,32 @@ class Store:
     name: str
     #: Opens the engine's backend; picklable, so a racing child process can open its own.
     open: Callable[[], AbstractContextManager[Backend]]
-    overwrite: Callable[[], dg.ConfigurableIOManager]
-    merge: Callable[[], dg.ConfigurableIOManager]
+    #: The IO managers' fields: with ``name``, all a child process needs to rebuild them.
+    config: Mapping[str, Any]
     #: Every row of ``main.<table>``, sorted.
     rows: Callable[[str], list[tuple]]
     #: Every table of the store (the owners record too) with its fingerprint.
     snapshot: Callable[[], dict[str, str | None]]
+    #: Environment the IO managers read (a password), for a child process to set.
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def resources(self) -> dict[str, dg.ConfigurableIOManager]:
         """The IO manager keys the suite's assets use."""
-        return {"io_manager": self.overwrite(), "merge_io_manager": self.merge()}
+        return io_managers(self.name, self.config)
+
+
+#: Each engine's overwrite and merge IO manager classes.
+IO_MANAGERS: dict[str, tuple[type[dg.ConfigurableIOManager], type[dg.ConfigurableIOManager]]] = {
+    "delta": (ia.DeltaOverwriteIOManager, ia.DeltaMergeIOManager),
+    "duckdb": (ia.DuckDBOverwriteIOManager, ia.DuckDBMergeIOManager),
+    "postgres": (ia.PostgresOverwriteIOManager, ia.PostgresMergeIOManager),
+}
+
+
+def io_managers(name: str, config: Mapping[str, Any]) -> dict[str, dg.ConfigurableIOManager]:
+    """Engine ``name``'s IO managers under the keys the suite's assets use."""
+    overwrite, merge = IO_MANAGERS[name]
+    return {"io_manager": overwrite(**config), "merge_io_manager": merge(**config)}
 
 
 @contextmanager
@@ -77,8 +94,7 @@ def duckdb_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     return Store(
         name="duckdb",
         open=partial(duckdb_backend, database),
-        overwrite=lambda: ia.DuckDBOverwriteIOManager(database=database),
-        merge=lambda: ia.DuckDBMergeIOManager(database=database),
+        config={"database": database},
         rows=rows,
         snapshot=snapshot,
     )
@@ -106,8 +122,7 @@ def delta_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     return Store(
         name="delta",
         open=partial(delta_backend, root),
-        overwrite=lambda: ia.DeltaOverwriteIOManager(root=root),
-        merge=lambda: ia.DeltaMergeIOManager(root=root),
+        config={"root": root},
         rows=rows,
         snapshot=snapshot,
     )
@@ -146,10 +161,10 @@ def postgres_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     return Store(
         name="postgres",
         open=partial(PostgresBackend.connect, location),
-        overwrite=lambda: ia.PostgresOverwriteIOManager(**config),
-        merge=lambda: ia.PostgresMergeIOManager(**config),
+        config=config,
         rows=rows,
         snapshot=snapshot,
+        env={PASSWORD_ENV: str(location.password)},
     )
 
 

@@ -4,8 +4,10 @@ failures dagster-deltalake is known for, and writers racing in separate processe
 
 import json
 import re
+import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,12 @@ import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 import idem_assets as ia
 from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, owner_of
-from tests.conformance.conftest import delta_store
+from tests.conformance import test_first_writers as first
+from tests.conformance.conftest import Store, delta_store
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, REFUSALS, events
 from tests.conformance.test_replace_contract import asset as contract_asset
 from tests.conformance.test_replace_contract import fill as contract_fill
@@ -28,12 +31,14 @@ from tests.helpers import DAILY, NOW, range_tags, settings, window
 REPO = Path(__file__).resolve().parents[2]
 
 
-def publish(root: str, batch: pa.Table, mode: str, *days: str, **metadata: Any) -> ia.PublishResult:
+def publish(
+    root: str, batch: pa.Table, mode: str, *days: str, table: str = "events", **metadata: Any
+) -> ia.PublishResult:
     with DeltaBackend(root) as backend:
         return ia.publish(
             backend,
             batch,
-            settings(mode, {**EVENTS, **metadata}, table="events"),
+            settings(mode, {**EVENTS, **metadata}, table=table),
             window(*days),
             now=NOW,
         )
@@ -203,6 +208,107 @@ def test_a_table_of_another_asset_is_refused_and_the_printed_handover_works(
     assert owner_of(DeltaTable(f"{root}/main/events")) == "eu/events"
 
 
+def run_handover(message: str) -> None:
+    """Run the handover a refusal of an unowned table prints, exactly as printed."""
+    handover = re.search(
+        r"hand it over once: (deltalake\.DeltaTable\(.*?\)\.alter\..*?\)) ", message
+    )
+    assert handover is not None, message
+    exec(handover[1], {"deltalake": __import__("deltalake")})
+
+
+VISITS = {"partition_expr": "day", "primary_key": ["visit_id"]}
+
+
+def visits_rows(day: str, version: int = 0, tip: bool = False) -> pa.Table:
+    """Three visits of ``day``, as another tool's table holds them (a DATE column ``day``)."""
+    base = int(day.replace("-", "")) * 10
+    found = pa.table(
+        {
+            "visit_id": pa.array([base + i for i in range(3)], pa.int64()),
+            "day": pa.array([date.fromisoformat(day)] * 3, pa.date32()),
+            "n": pa.array([version] * 3, pa.int64()),
+        }
+    )
+    return found.append_column("tip", pa.array([0.5] * 3)) if tip else found
+
+
+def visits_asset(metadata: dict[str, Any], io_manager: str, tip: bool) -> dg.AssetsDefinition:
+    @dg.asset(name="visits", partitions_def=DAILY, io_manager_key=io_manager, metadata=metadata)
+    def visits(context: dg.AssetExecutionContext) -> pa.Table:
+        return visits_rows(context.partition_key, version=1, tip=tip)
+
+    return visits
+
+
+@pytest.mark.parametrize(
+    ("io_manager", "metadata", "tip"),
+    [
+        ("io_manager", VISITS, False),
+        ("merge_io_manager", VISITS, False),
+        ("merge_io_manager", {**VISITS, "schema_evolution": "add_columns"}, True),
+    ],
+    ids=["overwrite", "merge", "merge-add-columns"],
+)
+def test_a_table_another_tool_made_is_handed_over_then_written_in_its_own_layout(
+    tmp_path: Path, io_manager: str, metadata: dict[str, Any], tip: bool
+) -> None:
+    """dagster-deltalake's layout (partitioned by the DATE column itself, a name of its own)."""
+    root = str(tmp_path / "lake")
+    uri = f"{root}/main/visits"
+    theirs = pa.concat_tables([visits_rows(ALL_DAYS[0]), visits_rows(ALL_DAYS[1])])
+    write_deltalake(uri, theirs, partition_by=["day"], name="team_visits")
+    resources = {
+        "io_manager": ia.DeltaOverwriteIOManager(root=root),
+        "merge_io_manager": ia.DeltaMergeIOManager(root=root),
+    }
+    visits = visits_asset(metadata, io_manager, tip)
+    before = files_of(root)
+
+    with pytest.raises(ia.ConfigurationError, match="exists, but no asset owns it") as refused:
+        dg.materialize([visits], resources=resources, partition_key=ALL_DAYS[1])
+    assert files_of(root) == before
+    assert DeltaTable(uri).metadata().name == "team_visits"
+
+    run_handover(str(refused.value))
+    for _ in range(2):
+        dg.materialize([visits], resources=resources, partition_key=ALL_DAYS[1])
+    table = DeltaTable(uri)
+    assert owner_of(table) == "visits"
+    assert table.metadata().partition_columns == ["day"]
+    columns = ["visit_id", "day", "n", *(["tip"] if tip else [])]
+    # By name: delta-rs moves the partition column last when it merges a schema.
+    assert sorted(pa.schema(table.schema().to_arrow()).names) == sorted(columns)  # type: ignore[arg-type]
+    found = table.to_pyarrow_table().select(columns)
+    kept = visits_rows(ALL_DAYS[0])
+    if tip:
+        kept = kept.append_column("tip", pa.array([None] * 3, pa.float64()))
+    assert expected(found) == expected(kept, visits_rows(ALL_DAYS[1], 1, tip))
+
+
+def test_a_merge_that_adds_a_column_is_one_commit_that_keeps_the_owner(tmp_path: Path) -> None:
+    """delta-rs's schema-merging MERGE drops the table's name, where the owner is recorded."""
+    root = str(tmp_path)
+    fill(root, "merge")
+    version = DeltaTable(f"{root}/main/events").version()
+    tipped = events(ALL_DAYS[1], version=1).slice(0, 600)
+    tipped = tipped.append_column("tip", pa.array([0.5] * 600))
+    result = publish(
+        root, tipped, "merge", ALL_DAYS[1], schema_evolution="add_columns", delete_missing=False
+    )
+
+    table = DeltaTable(f"{root}/main/events")
+    assert (table.version(), owner_of(table)) == (version + 1, "events")
+    kept = events(ALL_DAYS[1]).slice(600).append_column("tip", pa.array([None] * 400, pa.float64()))
+    others = [
+        events(d).append_column("tip", pa.array([None] * 1000, pa.float64()))
+        for d in (ALL_DAYS[0], ALL_DAYS[2])
+    ]
+    assert stored(root) == expected(others[0], tipped, kept, others[1])
+    assert result.fingerprint == fingerprint(root, ALL_DAYS[1])
+    assert (result.rows, result.inserted, result.updated) == (1000, 0, 600)
+
+
 # dagster-io/dagster#34064 and the range run: replayed on the column types that broke them ------
 
 
@@ -301,6 +407,37 @@ def race(root: str, barrier: Path, writers: list[tuple[str, int]]) -> list[dict[
     return [outcome(p) for p in processes]
 
 
+def first_writers_of_one_day(store: Store, options: dict[str, str] | None = None) -> None:
+    """Two processes create one table with one day at once: each reports the version it wrote.
+
+    The loser of the creation starts over on the winner's table, so the versions are 0 and 1,
+    and each writer's version holds exactly its own batch in the day.
+    """
+    writers = [(first.DAY, 1, "plain"), (first.DAY, 2, "plain")]
+    for i in range(first.RACES):
+        results = first.race(store, f"events_{i}", "overwrite", writers)
+        assert [r[0] for r in results] == ["committed", "committed"], results
+        uri = f"{store.config['root']}/main/events_{i}"
+        versions = {}
+        for writer, (_, _, metadata) in zip(writers, results, strict=True):
+            assert metadata["delta_table_uri"] == uri
+            version = metadata["delta_version"]
+            at = DeltaTable(uri, version=version, storage_options=options).to_pyarrow_table()
+            versions[version] = sorted(
+                zip(*at.drop_columns([DAY_COLUMN]).to_pydict().values(), strict=True)
+            )
+            assert versions[version] == first.rows_of([writer]), f"version {version}: {results}"
+        assert sorted(versions) == [0, 1], results
+        assert DeltaTable(uri, storage_options=options).version() == 1
+
+
+@pytest.mark.slow
+def test_first_writers_of_a_new_table_report_the_versions_they_committed(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    first_writers_of_one_day(delta_store(request, tmp_path))
+
+
 @pytest.mark.parametrize("existing", [True, False], ids=["table exists", "new table"])
 def test_writers_of_different_days_both_commit(tmp_path: Path, existing: bool) -> None:
     root = str(tmp_path)
@@ -308,9 +445,9 @@ def test_writers_of_different_days_both_commit(tmp_path: Path, existing: bool) -
         publish(root, events(ALL_DAYS[0]), "overwrite", ALL_DAYS[0])
     found = race(root, tmp_path / "barrier", [(ALL_DAYS[1], 1), (ALL_DAYS[2], 2)])
     assert [f["outcome"] for f in found] == ["committed", "committed"], found
-    # Different days touch different files: no retry (creating the table at once, delta-rs may
-    # make the second creation an ordinary write, or refuse it, and the publish starts over).
-    assert sorted(f["attempts"] for f in found) in ([[1, 1]] if existing else [[1, 1], [1, 2]])
+    # Different days touch different files: no retry. Both creating the table, one creation
+    # wins and the other publish starts over on that table, with the winner's day in it.
+    assert sorted(f["attempts"] for f in found) == ([1, 1] if existing else [1, 2])
     kept = [events(ALL_DAYS[0])] if existing else []
     assert stored(root) == expected(
         *kept, events(ALL_DAYS[1], version=1), events(ALL_DAYS[2], version=2)
@@ -400,8 +537,66 @@ def test_a_new_table_stores_deltas_types_and_later_batches_fit_them(tmp_path: Pa
         publish(root, drifted, "overwrite", day)
     text = str(refused.value)
     assert "types that cannot hold every batch value [amount: table FLOAT, batch STRING]" in text
-    assert "ALTER TABLE main.events ALTER COLUMN amount TYPE STRING" in text
+    assert "d['amount'].cast(pyarrow.string())" in text
     assert len(stored(root)) == 2
+
+
+def run_migration(message: str) -> None:
+    """Run the migration a schema refusal prints, exactly as printed."""
+    found = re.search(
+        r"(?:migrate the table first, then rerun|a rewrite of every row, in one"
+        r" commit): (.*?)(?:\.$|\) and set)",
+        message,
+    )
+    assert found is not None, message
+    exec(found[1], {"deltalake": __import__("deltalake")})
+
+
+def retyped(batch: pa.Table, column: str, values: pa.Array) -> pa.Table:
+    return batch.set_column(batch.schema.get_field_index(column), column, values)
+
+
+@pytest.mark.parametrize(
+    ("change", "metadata"),
+    [
+        ("extra", {}),
+        ("missing", {}),
+        ("retyped", {}),
+        ("widened", {"schema_evolution": "widen_types"}),
+    ],
+)
+def test_a_printed_migration_runs_as_printed_and_then_the_batch_fits(
+    tmp_path: Path, change: str, metadata: dict[str, Any]
+) -> None:
+    """delta-rs runs no ALTER TABLE: the migration printed is deltalake's API, run here."""
+    root = str(tmp_path)
+    narrow = [retyped(events(d), "amount", pa.array(range(1000), pa.int32())) for d in ALL_DAYS]
+    for day, batch in zip(ALL_DAYS, narrow, strict=True):
+        publish(root, batch, "overwrite", day)
+    newer = {
+        "extra": narrow[1].append_column("tip", pa.array([0.5] * 1000)),
+        "missing": narrow[1].drop_columns(["amount"]),
+        "retyped": retyped(narrow[1], "amount", pa.array([f"{i}.5" for i in range(1000)])),
+        "widened": retyped(narrow[1], "amount", pa.array(range(1000), pa.int64())),
+    }[change]
+    with pytest.raises(ia.SchemaMismatchError) as refused:
+        publish(root, newer, "overwrite", ALL_DAYS[1], **metadata)
+    run_migration(str(refused.value))
+    publish(root, newer, "overwrite", ALL_DAYS[1], **metadata)
+
+    table = DeltaTable(f"{root}/main/events")
+    assert owner_of(table) == "events"
+    assert table.metadata().partition_columns == [DAY_COLUMN]
+    found = table.to_pyarrow_table().select(newer.column_names)
+    assert found.schema.remove_metadata() == newer.schema
+    if change == "extra":
+        kept = [b.append_column("tip", pa.nulls(1000, pa.float64())) for b in narrow[::2]]
+    else:
+        kept = [b.select(newer.column_names) for b in narrow[::2]]
+    if change in ("retyped", "widened"):
+        amount = newer.schema.field("amount").type
+        kept = [retyped(b, "amount", b["amount"].cast(amount)) for b in kept]
+    assert expected(found) == expected(kept[0], newer, kept[1])
 
 
 # Windows finer than the day partition ---------------------------------------------------------
@@ -486,3 +681,160 @@ def test_a_widening_the_asset_opted_into_is_refused_and_changes_nothing(tmp_path
     publish(root, tipped, "overwrite", ALL_DAYS[0], schema_evolution="add_columns")
     assert DeltaTable(f"{root}/main/events").version() == before[1] + 1
     assert {row[3] for row in stored(root)} == {0.5}
+
+
+def test_an_append_only_table_refuses_removals_at_once_and_the_printed_lift_works(
+    tmp_path: Path,
+) -> None:
+    """delta.appendOnly refuses every commit that removes a file: no retry can change that."""
+    root = str(tmp_path)
+    fill(root)
+    DeltaTable(f"{root}/main/events").alter.set_table_properties({"delta.appendOnly": "true"})
+    version = DeltaTable(f"{root}/main/events").version()
+    attempts: list[str] = []
+
+    def count(stage: str) -> None:
+        attempts.append(stage)
+
+    newer = events(ALL_DAYS[1], version=1)
+    for mode, metadata, removal in [
+        ("overwrite", {}, "an overwrite replaces the window's files"),
+        ("merge", {}, "this merge updates 1000 and deletes 0 stored row(s)"),
+        ("merge", {"delete_missing": True}, "updates 500 and deletes 500 stored row(s)"),
+    ]:
+        batch = newer if "500" not in removal else newer.slice(0, 500)
+        with DeltaBackend(root) as backend, pytest.raises(ia.ConfigurationError) as refused:
+            ia.publish(
+                backend,
+                batch,
+                settings(mode, {**EVENTS, **metadata}, table="events"),
+                window(ALL_DAYS[1]),
+                now=NOW,
+                on_stage=count,
+            )
+        assert "table main.events is append-only (delta.appendOnly), and Delta Lake" in str(
+            refused.value
+        )
+        assert removal in str(refused.value)
+    assert attempts == [] and DeltaTable(f"{root}/main/events").version() == version
+
+    # New keys only: a merge that removes nothing is an append, which the table takes.
+    added = events(ALL_DAYS[1], version=2).set_column(
+        0, "event_id", pa.array(range(1000), pa.int64())
+    )
+    publish(root, added, "merge", ALL_DAYS[1], delete_missing=False)
+    assert len(stored(root)) == 4000
+
+    lift = re.search(r"lift the property once: (deltalake\..*?\}\));", str(refused.value))
+    assert lift is not None
+    exec(lift[1], {"deltalake": __import__("deltalake")})
+    publish(root, newer, "overwrite", ALL_DAYS[1])
+    assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
+
+
+# What delta-rs refuses at the commit: named, with the fix, as a test runs it --------------------
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "merge"])
+def test_rows_a_check_constraint_refuses_are_named_and_the_printed_drop_works(
+    tmp_path: Path, mode: str
+) -> None:
+    root = str(tmp_path)
+    fill(root, mode)
+    DeltaTable(f"{root}/main/events").alter.add_constraint({"amount_small": "amount < 100"})
+    version = DeltaTable(f"{root}/main/events").version()
+    # Amounts are i % 97 + 5: the 20 rows with i % 97 of 95 or 96 reach 100.
+    newer = events(ALL_DAYS[1], version=5)
+    with pytest.raises(ia.ConstraintViolationError) as refused:
+        publish(root, newer, mode, ALL_DAYS[1])
+    text = str(refused.value)
+    assert text.startswith(
+        f"Refused to write asset 'events', partition {ALL_DAYS[1]}: 20 row(s) of the batch break"
+        " the table's constraints [CHECK amount_small (amount < 100)]"
+    )
+    assert "| 202601020095 | 2026-01-02T02:06:40 | 100.0" in text
+    assert "__delta_rs" not in text
+    assert DeltaTable(f"{root}/main/events").version() == version
+
+    drop = re.search(r"drop it: (deltalake\..*?\)). Sample:", text)
+    assert drop is not None
+    exec(drop[1], {"deltalake": __import__("deltalake")})
+    publish(root, newer, mode, ALL_DAYS[1])
+    assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
+
+
+@pytest.mark.parametrize("damage", ["last-entry-cut-short", "entry-missing"])
+def test_a_damaged_log_entry_is_named_with_its_fix(tmp_path: Path, damage: str) -> None:
+    """Each day's publish is one log entry: entry 2 cut short, or entry 1 gone."""
+    root = str(tmp_path)
+    fill(root)
+    log = Path(root, "main", "events", "_delta_log")
+    entry = log / f"{2 if damage == 'last-entry-cut-short' else 1:020d}.json"
+    whole = entry.read_bytes()
+    if damage == "last-entry-cut-short":
+        entry.write_bytes(whole[: len(whole) // 2])
+    else:
+        entry.unlink()
+    newer = events(ALL_DAYS[1], version=1)
+    with pytest.raises(ia.StorageError) as refused:
+        publish(root, newer, "overwrite", ALL_DAYS[1])
+    text = str(refused.value)
+    assert f"the Delta log of table main.events ({log}) cannot be read" in text
+    assert f"Fix: restore {entry} from a backup" in text
+
+    if damage == "last-entry-cut-short":
+        assert "log entry 00000000000000000002.json is cut short or not JSON" in text
+        removal = re.search(r"deleting it \((os\.remove\(.*?\))\)", text)
+        assert removal is not None
+        exec(removal[1], {"os": __import__("os")})
+        # Back at version 1: the third day's commit is gone, and its partition is rerun.
+        publish(root, events(ALL_DAYS[2]), "overwrite", ALL_DAYS[2])
+    else:
+        assert "log entry 00000000000000000001.json is missing" in text
+        assert "deleting it" not in text
+        entry.write_bytes(whole)
+    publish(root, newer, "overwrite", ALL_DAYS[1])
+    assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
+
+
+@pytest.fixture
+def immutable(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
+    """Make a path immutable (chattr +i: root ignores permission bits); undone after the test."""
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+            pytest.skip("chattr +i needs root and a file system with attributes")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+@pytest.mark.parametrize("where", ["log", "schema"], ids=["log-of-a-table", "schema-of-a-new-one"])
+def test_storage_the_publish_may_not_write_is_named_with_its_fix(
+    tmp_path: Path, immutable: Callable[[Path], None], where: str
+) -> None:
+    root = str(tmp_path / "lake")
+    fill(root)
+    newer = events(ALL_DAYS[1], version=1)
+    table = "events" if where == "log" else "other"
+    immutable(Path(root, "main", "events", "_delta_log") if where == "log" else Path(root, "main"))
+    with pytest.raises(ia.StorageError) as refused:
+        publish(root, newer, "overwrite", ALL_DAYS[1], table=table)
+    text = str(refused.value)
+    path = (
+        f"{root}/main/events/_delta_log/{3:020d}.json" if where == "log" else f"{root}/main/other"
+    )
+    assert f"Delta Lake may not write {path}: operation not permitted. Nothing was changed" in text
+    assert stored(root) == expected(*(events(d) for d in ALL_DAYS))
+
+    command = re.search(r"an immutable file or directory: (chattr .*?)\)", text)
+    assert command is not None
+    subprocess.run(shlex.split(command[1]), check=True)
+    publish(root, newer, "overwrite", ALL_DAYS[1], table=table)
+    if table == "events":
+        assert stored(root) == expected(events(ALL_DAYS[0]), newer, events(ALL_DAYS[2]))
+    else:
+        assert stored(root, "other") == expected(newer)

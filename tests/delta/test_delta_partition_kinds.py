@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -21,7 +22,7 @@ from tests.conformance.test_partition_kinds import (
     rows_of,
     sales,
 )
-from tests.delta.test_delta_backend import race
+from tests.delta.test_delta_backend import race, run_handover
 from tests.helpers import NOW, settings
 
 #: Keys that would end a literal quoted naively, or read as an escape.
@@ -133,6 +134,9 @@ def test_a_table_of_another_writer_without_partitions_is_scoped_by_its_rows(
     every = pa.concat_tables([sales(DAYS[0], r) for r in REGIONS])
     # One file holds every region: its statistics cannot tell the regions apart.
     write_deltalake(f"{root}/main/sales", every)
+    with pytest.raises(ia.ConfigurationError, match="no asset owns it") as refused:
+        publish(root, sales(DAYS[0], "north"), STATIC, ONE_DIM, "north", mode=mode)
+    run_handover(str(refused.value))
     newer = sales(DAYS[0], "north", version=6).slice(2)
     result = publish(root, newer, STATIC, ONE_DIM, "north", mode=mode)
     assert result.rows == ROWS - 2
@@ -174,3 +178,30 @@ def test_an_empty_key_of_a_partition_column_is_refused_and_writes_nothing(tmp_pa
         publish(root, of_region(sales(DAYS[0], "east"), ""), blank, ONE_DIM, "")
     assert DeltaTable(f"{root}/main/sales").version() == version
     assert stored(root) == rows_of(sales(DAYS[0], "east"))
+
+
+@pytest.mark.parametrize(
+    ("key", "refusal"),
+    [
+        ("__HIVE_DEFAULT_PARTITION__", "the name Hive-style partition paths give NULL"),
+        ("x" * 249, "would name a directory of 256 bytes"),
+        # 50 characters, 300 bytes once written: each byte of UTF-8 takes three.
+        ("é" * 50, "would name a directory of 307 bytes"),
+    ],
+    ids=["hive-null", "too-long", "too-long-once-encoded"],
+)
+def test_a_key_a_path_cannot_hold_is_refused_and_writes_nothing(
+    tmp_path: Path, key: str, refusal: str
+) -> None:
+    """The directory region=<key> reads back as NULL in Polars, or exceeds a file name."""
+    root, keys = str(tmp_path), dg.StaticPartitionsDefinition([key, "east", "x" * 248])
+    publish(root, sales(DAYS[0], "east"), keys, ONE_DIM, "east")
+    version = DeltaTable(f"{root}/main/sales").version()
+    with pytest.raises(ia.ConfigurationError, match=refusal):
+        publish(root, of_region(sales(DAYS[0], "east"), key), keys, ONE_DIM, key)
+    assert DeltaTable(f"{root}/main/sales").version() == version
+    assert stored(root) == rows_of(sales(DAYS[0], "east"))
+    # The longest key a file name takes is stored, and read back as itself by Polars too.
+    longest = of_region(sales(DAYS[0], "north"), "x" * 248)
+    publish(root, longest, keys, ONE_DIM, "x" * 248)
+    assert set(pl.read_delta(f"{root}/main/sales")["region"]) == {"east", "x" * 248}

@@ -13,8 +13,9 @@ from moto.server import ThreadedMotoServer
 
 import idem_assets as ia
 from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend
+from tests.conformance.conftest import Store
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, events
-from tests.delta.test_delta_backend import daily_events, expected
+from tests.delta.test_delta_backend import daily_events, expected, first_writers_of_one_day
 from tests.helpers import NOW, settings, window
 
 
@@ -98,3 +99,16 @@ def test_a_commit_racing_another_on_s3_starts_over_and_leaves_one_batch(
     publish(events(ALL_DAYS[1], version=1), another_writer_commits_first)
     assert len(attempts) == 2
     assert stored(f"{root}/main/events", s3) == expected(events(ALL_DAYS[1], version=1))
+
+
+@pytest.mark.slow
+def test_first_writers_of_a_new_table_on_s3_leave_one_batch(s3: dict[str, str]) -> None:
+    """The creation race on S3: the second creation is detected, and starts over on the first."""
+    root = "s3://lake/first"
+
+    def rows(table: str) -> list[tuple]:
+        return stored(f"{root}/main/{table}", s3)
+
+    config = {"root": root, "storage_options": s3}
+    store = Store("delta", lambda: DeltaBackend(root, s3), config, rows, lambda: {})
+    first_writers_of_one_day(store, s3)

@@ -31,3 +31,15 @@ def test_the_readme_delta_configuration_runs_as_printed(
     uri = str(tmp_path / "lake" / "main" / "daily_events")
     assert DeltaTable(uri).version() == version
     assert stored(str(tmp_path / "lake"), "daily_events") == expected(events(ALL_DAYS[0]))
+
+
+def test_the_storage_options_field_recommends_nothing_the_readme_rules_out() -> None:
+    """The UI shows this description: the README says the locking provider is gone."""
+    section = Path(__file__).resolve().parents[2].joinpath("README.md").read_text()
+    section = section.split("\n### On Delta Lake\n", 1)[1].split("\n## ", 1)[0]
+    assert "locking provider (`AWS_S3_LOCKING_PROVIDER`) of delta-rs 0.x is gone" in section
+    assert "Never set\n`AWS_S3_ALLOW_UNSAFE_RENAME`" in section
+    for manager in (ia.DeltaOverwriteIOManager, ia.DeltaMergeIOManager):
+        description = manager.model_fields["storage_options"].description or ""
+        assert "AWS_S3_LOCKING_PROVIDER" not in description
+        assert "never AWS_S3_ALLOW_UNSAFE_RENAME" in description

@@ -18,12 +18,15 @@ the time column's date, in UTC for time-zone-aware columns) when the partitions 
 dimension, then by each category (static or dynamic) dimension's own column
 (:func:`delta_partitions`), so writers of different partitions touch different files and both
 commit. The day column is the library's own: it never reaches a fingerprint, the schema checks
-or ``load_input``. The owning asset is the table's name in its
-Delta metadata (:data:`OWNER_PREFIX` and the asset key), set by the commit that creates the
-table and read with the snapshot before any write.
+or ``load_input``; a table another tool made has none, and is written in its own layout. The
+owning asset is the table's name in its Delta metadata (:data:`OWNER_PREFIX` and the asset
+key), set by the commit that creates the table and read with the snapshot before any write;
+delta-rs names a table in no other commit that writes rows, so a table nobody owns is handed
+over by its user first (:meth:`DeltaBackend.handover_text`).
 """
 
 import os
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,12 +38,13 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from idem_assets.lib import batch_sql
 from idem_assets.lib.backends import duckdb_sql as sql
-from idem_assets.lib.backends.delta_types import DELTA_TYPES
+from idem_assets.lib.backends.delta_errors import denied, log_damage, lost_commit, refused_rows
+from idem_assets.lib.backends.delta_types import DeltaTypes
 from idem_assets.lib.backends.protocol import (
     CommitConflict,
     Counts,
@@ -49,7 +53,7 @@ from idem_assets.lib.backends.protocol import (
     Staged,
     Target,
 )
-from idem_assets.lib.errors import ConfigurationError, SchemaMismatchError
+from idem_assets.lib.errors import SchemaMismatchError
 from idem_assets.lib.identifiers import quote, validate_identifier
 from idem_assets.lib.samples import sample_text
 from idem_assets.lib.schema_fit import (
@@ -271,10 +275,14 @@ class DeltaBackend:
         """Tables live at ``<root>/<schema>/<table>``; ``storage_options`` reach object storage."""
         self.root = root
         self.storage_options = storage_options or None
+        #: A local file system's limit on a file name; object stores take far longer keys.
+        self.name_limit = 255 if "://" not in root or root.startswith("file://") else None
         #: The version the last publish committed, and its table (``None`` before one did).
         self.version: int | None = None
         self.committed_uri: str | None = None
         self._conn: duckdb.DuckDBPyConnection | None = None
+        #: "asset 'x', partition D" of the publish in progress, for messages.
+        self._where: str | None = None
         self._names: list[str] = []
         self._views: list[str] = []
         self._snapshot: _Snapshot | None = None
@@ -318,28 +326,62 @@ class DeltaBackend:
         """Where ``schema.table`` lives."""
         return table_uri(self.root, schema, table)
 
-    def _open(self, uri: str) -> DeltaTable | None:
+    def _open(self, uri: str, where: str | None = None) -> DeltaTable | None:
+        """The table's latest version, ``None`` without one; a log it cannot read is named."""
         try:
             return DeltaTable(uri, storage_options=self.storage_options)
         except TableNotFoundError:
             return None
+        except DeltaError as exc:
+            target = ".".join(uri.rsplit("/", 2)[-2:])
+            damaged = log_damage(exc, where, uri, target)
+            if damaged is None:
+                raise
+            raise damaged from exc
 
     @contextmanager
     def transaction(self, where: str) -> Iterator[None]:
         """A fresh evaluator for the guards; the one Delta commit when the body returns."""
         self.close()
+        self._where = where
         try:
             yield
             if self._pending is not None:
-                try:
-                    self._pending()
-                except CommitFailedError as exc:
-                    raise CommitConflict(str(exc).split("\n")[0]) from exc
+                self._pending()
+        except (DeltaError, OSError) as exc:
+            lost = lost_commit(exc)
+            if lost is not None:
+                raise CommitConflict(lost) from exc
+            explained = self._explained(exc, where)
+            if explained is None:
+                raise
+            raise explained from exc
         finally:
+            self._where = None
             self._pending, self._snapshot = None, None
             self._write_batch, self._written = None, None
             self._adds_columns = False
             self.close()
+
+    def _explained(self, exc: BaseException, where: str) -> Exception | None:
+        """A library error naming what delta-rs failed on and its fix, if it is one it knows."""
+        snap = self._snapshot
+        if snap is None or snap.table is None:
+            return denied(exc, where, self.root)
+        target = snap.uri.rsplit("/", 2)
+        table = snap.table
+        checks = {
+            name.removeprefix("delta.constraints."): expression
+            for name, expression in table.metadata().configuration.items()
+            if name.startswith("delta.constraints.") and expression is not None
+        }
+        fields = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
+        not_null = [f.name for f in fields if not f.nullable]
+        return (
+            refused_rows(exc, where, snap.uri, checks, not_null)
+            or log_damage(exc, where, snap.uri, f"{target[-2]}.{target[-1]}")
+            or denied(exc, where, self.root)
+        )
 
     def evaluator(self) -> duckdb.DuckDBPyConnection:
         """The embedded DuckDB: the staged batch and the window's rows are registered in it."""
@@ -348,26 +390,36 @@ class DeltaBackend:
     def describe(self, settings: WriteSettings) -> Target:
         """Open the table's latest version: every later read and the commit use it."""
         uri = self.uri(settings.schema, settings.table)
-        table = self._open(uri)
-        schema, owner, partition_by = None, None, ()
+        table = self._open(uri, self._where)
+        schema, owner, partition_by, append_only = None, None, (), False
         if table is not None:
             full = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
             partition_by = tuple(table.metadata().partition_columns)
             schema = pa.schema([f for f in full if f.name != DAY_COLUMN])
             owner = owner_of(table)
+            config = table.metadata().configuration
+            append_only = config.get("delta.appendOnly", "false").lower() == "true"
         self._snapshot = _Snapshot(uri, table, schema, partition_by)
-        return Target(exists=table is not None, owner=owner)
+        # Only the commit that creates a table can name its owner with its rows (delta-rs
+        # commits no name with a write): a table nobody owns is handed over first.
+        return Target(
+            exists=table is not None,
+            owner=owner,
+            claimable=table is None,
+            append_only=append_only,
+        )
 
     def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
         """Fit the batch to the table (schema_fit), cast it in Arrow, register it for the guards."""
         snap = self._current()
         table = {f.name: f.type for f in snap.schema} if snap.schema is not None else None
-        changes = schema_changes(settings, where, batch.schema, table, DELTA_TYPES)
+        types = DeltaTypes(snap.uri)
+        changes = schema_changes(settings, where, batch.schema, table, types)
         if table is not None and changes:
-            _refuse_widening(settings, where, changes, table)
+            _refuse_widening(settings, where, changes, table, types)
             table = evolved(table, changes)
-        fits = fit_columns(settings, where, batch.schema, table, DELTA_TYPES)
-        refuse_lossy_values(batch, fits, settings, where, DELTA_TYPES)
+        fits = fit_columns(settings, where, batch.schema, table, types)
+        refuse_lossy_values(batch, fits, settings, where, types)
         unchanged = all(f.name == f.stored_name and f.type == f.stored_type for f in fits)
         # Timestamps are floored to microseconds: a floor never moves a row across a window
         # bound, so the guards judge exactly the rows Delta stores.
@@ -532,15 +584,35 @@ class DeltaBackend:
         name = OWNER_PREFIX + settings.asset
         return f"deltalake.DeltaTable({uri!r}).alter.set_table_name({name!r})"
 
-    def _prepared(self, scope: Scope) -> pa.Table:
-        """The batch to write (stored names and types), once its keys can be stored."""
-        assert self._write_batch is not None
+    def lift_append_only_text(self, settings: WriteSettings) -> str:
+        """Code that lets ``settings.table`` take commits that remove files."""
+        uri = self.uri(settings.schema, settings.table)
+        return (
+            f"deltalake.DeltaTable({uri!r}).alter.set_table_properties("
+            "{'delta.appendOnly': 'false'})"
+        )
+
+    def key_paths(self, scope: Scope) -> dict[tuple[str, object], str]:
+        """The directory each category key of the window gets: ``column=<key, %-encoded>``."""
         snap = self._current()
-        partition_by = snap.partition_by if snap.table is not None else None
-        if partition_by is None:
-            partition_by = delta_partitions(scope.settings, self._write_batch)
-        _refuse_empty_category(scope, partition_by)
-        return self._write_batch
+        if snap.table is not None:
+            partition_by = set(snap.partition_by)
+        else:
+            partition_by = set(delta_partitions(scope.settings, pa.table({})))
+        return {
+            (cond.column, value): f"{cond.column}={quote_key(value)}"
+            for box in scope.region
+            for cond in box
+            if cond.column in partition_by
+            for value in cond.values
+        }
+
+    def _stored(self, batch: pa.Table, settings: WriteSettings) -> pa.Table:
+        """``batch`` in the table's layout: with :data:`DAY_COLUMN` where the table has one."""
+        snap = self._current()
+        # A table another tool made keeps its own layout: its files are never given the day.
+        day_from = settings.time_column if snap.table is None or snap.partitioned else None
+        return with_day(batch, day_from)
 
     def _predicate(self, scope: Scope, alias: str | None = None) -> str | None:
         """The window as a Delta predicate, ``None`` without one (the whole table)."""
@@ -551,18 +623,22 @@ class DeltaBackend:
 
     def replace(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
         """Hold back one predicate overwrite of the window (the whole table when unpartitioned)."""
-        batch = self._prepared(scope)
-        snap = self._current()
+        assert self._write_batch is not None
+        batch = self._write_batch
         on_stage("deleted")
+        self._written = self._stored(batch, scope.settings)
+        self._pending = self._overwrite(scope, self._written)
+        return batch.num_rows
+
+    def _overwrite(self, scope: Scope, data: pa.Table) -> Callable[[], None]:
+        """The commit that replaces the window with ``data`` (or creates the table with it)."""
+        snap = self._current()
         predicate = self._predicate(scope)
-        data = with_day(batch, scope.settings.time_column)
-        self._written = data
 
         def commit() -> None:
             if snap.table is None:
-                self._create(scope, snap, data, predicate)
+                self._create(scope, snap, data)
                 return
-            self._claim(scope, snap.table)
             write_deltalake(
                 snap.table,
                 data,
@@ -572,13 +648,13 @@ class DeltaBackend:
             )
             self.version, self.committed_uri = snap.table.version(), snap.uri
 
-        self._pending = commit
-        return batch.num_rows
+        return commit
 
     def merge(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
         """Hold back one ``DeltaTable.merge``: update matched, insert new, delete in the window."""
         settings = scope.settings
-        batch = self._prepared(scope)
+        assert self._write_batch is not None
+        batch = self._write_batch
         if settings.dedupe_order_by:
             columns = list(batch.column_names)
             order_by = settings.dedupe_order_by
@@ -586,60 +662,58 @@ class DeltaBackend:
             batch = self._db().sql(q).to_arrow_table()
         snap = self._current()
         on_stage("deleted")
-        data = with_day(batch, settings.time_column)
+        data = self._stored(batch, settings)
+        self._written = data
+        if snap.table is None:
+            self._pending = self._overwrite(scope, data)
+            return data.num_rows
+        if self._adds_columns:
+            # delta-rs's schema-merging MERGE commits the table's metadata without its name,
+            # which records the owner: the window as the merge leaves it is written instead,
+            # as the window's overwrite (one commit, the name kept).
+            merged = self._db().sql(f"SELECT * FROM {self._after(scope, batch.column_names)}")
+            self._pending = self._overwrite(scope, self._stored(merged.to_arrow_table(), settings))
+            return data.num_rows
         window = self._predicate(scope, "t")
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in scope.key)
         if window:
             # Scoped to the window: Delta reads and rewrites only its days' files.
             on += f" AND {window}"
-        self._written = data
+        table = snap.table
 
         def commit() -> None:
-            table = snap.table
-            if table is None:
-                self._create(scope, snap, data, self._predicate(scope))
-                return
-            self._claim(scope, table)
             merger = (
-                table.merge(
-                    data, on, source_alias="s", target_alias="t", merge_schema=self._adds_columns
-                )
+                table.merge(data, on, source_alias="s", target_alias="t")
                 .when_matched_update_all()
                 .when_not_matched_insert_all()
             )
             if settings.delete_missing:
                 merger = merger.when_not_matched_by_source_delete(window)
             merger.execute()
-            if self._adds_columns and owner_of(table) is None:
-                # delta-rs 1.6's schema-merging MERGE writes the table's metadata without its
-                # name, which records the owner: name it again (a metadata-only commit).
-                table.alter.set_table_name(OWNER_PREFIX + settings.asset)
             self.version, self.committed_uri = table.version(), snap.uri
 
         self._pending = commit
         return data.num_rows
 
-    def _create(self, scope: Scope, snap: _Snapshot, data: pa.Table, predicate: str | None) -> None:
-        """Create the table holding the batch, named after its owner: one commit.
+    def _create(self, scope: Scope, snap: _Snapshot, data: pa.Table) -> None:
+        """Create the table holding the batch, named after its owner: one commit, version 0.
 
-        A writer that created it first makes this commit fail (a concurrent metadata change),
-        and the publish starts over on that writer's table.
+        The publish decided on no table, so only version 0 may hold its batch. ``mode='error'``
+        refuses a table another writer created before this one opened it; without a retry,
+        delta-rs cannot rebase the creation onto a table created while this one wrote (it would
+        commit version 1, the batch beside the other's). Either way the publish starts over on
+        that writer's table and decides again.
         """
         write_deltalake(
             snap.uri,
             data,
-            mode="overwrite",
-            predicate=predicate,
+            mode="error",
             partition_by=delta_partitions(scope.settings, data) or None,
             name=OWNER_PREFIX + scope.settings.asset,
             storage_options=self.storage_options,
+            commit_properties=CommitProperties(max_commit_retries=0),
         )
         self.version, self.committed_uri = 0, snap.uri
-
-    def _claim(self, scope: Scope, table: DeltaTable) -> None:
-        """Name an existing table's owner (one of another writer's making) before writing it."""
-        if owner_of(table) is None:
-            table.alter.set_table_name(OWNER_PREFIX + scope.settings.asset)
 
     def fingerprints(self, scope: Scope) -> dict[str | None, tuple[int, int]]:
         """Count and hash sum of the window as the held-back commit leaves it.
@@ -733,20 +807,10 @@ class DeltaBackend:
         return relation.to_arrow_table() if arrow else relation.df()
 
 
-def _refuse_empty_category(scope: Scope, partition_by: Sequence[str]) -> None:
-    """Refuse an empty key of a category column Delta partitions by: it would be stored NULL."""
-    for box in scope.region:
-        for cond in box:
-            if cond.column in partition_by and "" in cond.values:
-                raise ConfigurationError(
-                    f"Refused to write {scope.where}: its key for partition column"
-                    f" '{cond.column}' is the empty string, which Delta Lake stores in a"
-                    " partition column as NULL: the rows would read back in no partition, and"
-                    " a rerun would keep them beside the new ones. Nothing was changed. Fix:"
-                    " give the partition a non-empty key (e.g. 'none' in its"
-                    " dg.StaticPartitionsDefinition, or dynamic partition keys without ''), and"
-                    " its rows that value."
-                )
+def quote_key(value: object) -> str:
+    """A partition value as delta-rs writes it in a path: every byte but A-Z a-z 0-9 -._~ as %XX."""
+    # delta-rs percent-encodes the controls and every ASCII punctuation but -._~, and UTF-8.
+    return urllib.parse.quote(str(value), safe="")
 
 
 def _file_in_box(stats: Mapping[str, list[Any]], i: int, box: Box) -> bool | None:
@@ -791,6 +855,7 @@ def _refuse_widening(
     where: str,
     changes: Sequence[SchemaChange],
     table: dict[str, pa.DataType],
+    types: DeltaTypes,
 ) -> None:
     """Refuse a type the asset opted to widen: delta-rs cannot change a column's type in a write."""
     widened = [c for c in changes if c.action == "widen_type"]
@@ -802,9 +867,10 @@ def _refuse_widening(
         f"Refused to write {where}: schema_evolution asks to widen [{listed}], but Delta Lake"
         " (delta-rs) cannot change a column's type in the commit that writes the batch; only"
         " new columns can be added there. Nothing was changed. Fix: cast the batch to the"
-        " table's type (e.g. df['col'] = df['col'].astype(...)), or rewrite the table once"
-        " with the wider type (read it, cast the column, write_deltalake(...,"
-        f" mode='overwrite', schema_mode='overwrite')) and set schema_evolution to {keeps}."
+        " table's type (e.g. df['col'] = df['col'].astype(...)), or widen the table once (a"
+        " rewrite of every row, in one commit: "
+        + types.migration([], {}, {c.column: c.type for c in widened})
+        + f") and set schema_evolution to {keeps}."
     )
 
 

@@ -33,6 +33,11 @@ class Target:
     exists: bool
     #: The asset recorded as the table's writer, or ``None`` when none claimed it yet.
     owner: str | None
+    #: Whether a publish can record its asset as the owner in the commit that writes its rows;
+    #: a table nobody owns that cannot be claimed so must be handed over first.
+    claimable: bool = True
+    #: Whether the table refuses every commit that removes rows (Delta's ``delta.appendOnly``).
+    append_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,6 +221,27 @@ class HandsOver(Protocol):
 
     def handover_text(self, settings: WriteSettings) -> str:
         """Code that records ``settings.asset`` as the owner of its table."""
+        ...
+
+
+@runtime_checkable
+class AppendOnlyTables(Protocol):
+    """A backend whose tables can refuse removals (:attr:`Target.append_only`)."""
+
+    def lift_append_only_text(self, settings: WriteSettings) -> str:
+        """Code that lets ``settings.table`` take commits that remove rows."""
+        ...
+
+
+@runtime_checkable
+class KeysInPaths(Protocol):
+    """A backend that stores category keys in file paths (Hive-style ``column=value``)."""
+
+    #: The longest file name the storage takes, in bytes; ``None`` where it sets no limit.
+    name_limit: int | None
+
+    def key_paths(self, scope: Scope) -> dict[tuple[str, object], str]:
+        """The path segment each ``(column, key)`` of the window's categories is stored under."""
         ...
 
 
