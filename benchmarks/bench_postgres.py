@@ -18,7 +18,7 @@ import idem_assets as ia
 from benchmarks import data
 from benchmarks.bench_merge import merge_batch, merge_lines
 from benchmarks.harness import Case, Line, Scale, interleave, line_from_times
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from tests.postgres_server import PostgresServer
 
 #: Per scale: (rows of the overwrite, rounds), (rows of the to_sql comparison, rounds),

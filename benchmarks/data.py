@@ -8,8 +8,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from idem_assets.lib.settings import WriteMode, WriteSettings
-from idem_assets.lib.windows import WriteWindow
+from idem_assets.lib.model.settings import WriteMode, WriteSettings
+from idem_assets.lib.model.windows import WriteWindow
 from tests import helpers
 
 FIRST_DAY = date(2025, 1, 1)

@@ -1,7 +1,16 @@
 """idem_assets: Dagster IO managers and checks that make partitioned pipelines safe to rerun."""
 
-from idem_assets.lib.audit import AuditReport, Batch, audit_table, audited_asset, stage
-from idem_assets.lib.checks import (
+from typing import TYPE_CHECKING, Any
+
+from idem_assets.lib.backends import registry
+from idem_assets.lib.dagster_layer.audit import (
+    AuditReport,
+    Batch,
+    audit_table,
+    audited_asset,
+    stage,
+)
+from idem_assets.lib.dagster_layer.checks import (
     Check,
     between,
     freshness,
@@ -10,9 +19,9 @@ from idem_assets.lib.checks import (
     row_count,
     unique,
 )
-from idem_assets.lib.connections import duckdb_connection
-from idem_assets.lib.data_versions import content_changed, record_data_version
-from idem_assets.lib.errors import (
+from idem_assets.lib.dagster_layer.data_versions import content_changed, record_data_version
+from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
+from idem_assets.lib.model.errors import (
     BlockingCheckError,
     ConcurrentWriteError,
     ConfigurationError,
@@ -29,14 +38,9 @@ from idem_assets.lib.errors import (
     StorageError,
     StrayRowsError,
 )
-from idem_assets.lib.io_managers import (
-    DeltaMergeIOManager,
-    DeltaOverwriteIOManager,
-    DuckDBMergeIOManager,
-    DuckDBOverwriteIOManager,
-    IdempotentIOManager,
-)
-from idem_assets.lib.outbox import (
+from idem_assets.lib.model.settings import WriteSettings, resolve_settings
+from idem_assets.lib.model.windows import PartitionWindow, WriteWindow, window_from_keys
+from idem_assets.lib.outbox.outbox import (
     Delivery,
     DeliveryRecord,
     DeliveryResult,
@@ -44,13 +48,37 @@ from idem_assets.lib.outbox import (
     content_fingerprint,
     idempotency_key,
 )
-from idem_assets.lib.postgres_io_managers import (
-    PostgresMergeIOManager,
-    PostgresOverwriteIOManager,
-)
-from idem_assets.lib.publish import PublishResult, publish, table_fingerprint
-from idem_assets.lib.settings import WriteSettings, resolve_settings
-from idem_assets.lib.windows import PartitionWindow, WriteWindow, window_from_keys
+from idem_assets.lib.write.publish import PublishResult, publish, table_fingerprint
+
+if TYPE_CHECKING:
+    # Type checkers see every engine's names; at run time each is imported when first used.
+    from idem_assets.lib.backends.delta.io_managers import (
+        DeltaMergeIOManager,
+        DeltaOverwriteIOManager,
+    )
+    from idem_assets.lib.backends.duckdb.connections import duckdb_connection
+    from idem_assets.lib.backends.duckdb.io_managers import (
+        DuckDBMergeIOManager,
+        DuckDBOverwriteIOManager,
+    )
+    from idem_assets.lib.backends.postgres.io_managers import (
+        PostgresMergeIOManager,
+        PostgresOverwriteIOManager,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """An engine's IO manager (or helper), imported with its driver on first use."""
+    if name in registry.exports():
+        value = registry.exported(name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'idem_assets' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(registry.exports()))
+
 
 __all__ = [
     "AuditReport",

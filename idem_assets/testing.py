@@ -33,11 +33,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_assets.lib.errors import ConfigurationError
-from idem_assets.lib.outbox import DeliveryRecord, Outbox, content_fingerprint
-from idem_assets.lib.publish import PUBLISH_STAGES, STAGE_HOOK
-from idem_assets.lib.samples import format_sample
-from idem_assets.lib.windows import Box, as_pairs, cells_for, window_from_keys
+from idem_assets.lib.model.errors import ConfigurationError
+from idem_assets.lib.model.samples import format_sample
+from idem_assets.lib.model.windows import Box, as_pairs, cells_for, window_from_keys
+from idem_assets.lib.outbox.outbox import DeliveryRecord, Outbox, content_fingerprint
+from idem_assets.lib.write.publish import PUBLISH_STAGES, STAGE_HOOK
 
 Property = Literal["rerun", "chunking", "input_order", "clock", "crash"]
 PROPERTIES: tuple[Property, ...] = ("rerun", "chunking", "input_order", "clock", "crash")
@@ -637,7 +637,10 @@ def _default_clocks(
 
 def _relocated(resources: Mapping[str, Any], directory: Path) -> dict[str, Any]:
     """The resources, with each idem_assets DuckDB file and outbox ledger moved to ``directory``."""
-    from idem_assets.lib.io_managers import DuckDBMergeIOManager, DuckDBOverwriteIOManager
+    from idem_assets.lib.backends.duckdb.io_managers import (
+        DuckDBMergeIOManager,
+        DuckDBOverwriteIOManager,
+    )
 
     moved: dict[str, Any] = {}
     for name, res in resources.items():

@@ -11,9 +11,9 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 
-from idem_assets.lib.publish import publish
-from idem_assets.lib.settings import WriteMode, resolve_settings
-from idem_assets.lib.windows import window_from_keys
+from idem_assets.lib.model.settings import WriteMode, resolve_settings
+from idem_assets.lib.model.windows import window_from_keys
+from idem_assets.lib.write.publish import publish
 
 DAYS = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
 ROWS_PER_DAY = 1000

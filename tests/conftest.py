@@ -9,7 +9,7 @@ from postgres_server import PostgresServer, PostgresUnavailableError, find_bin_d
 from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling, Scheduling
 
-from idem_assets.lib.backends.postgres import PostgresLocation
+from idem_assets.lib.backends.postgres.backend import PostgresLocation
 
 
 def pytest_configure(config: pytest.Config) -> None:

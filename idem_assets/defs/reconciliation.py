@@ -23,7 +23,7 @@ from idem_assets.defs.resources import LandingZone
 from idem_assets.defs.revenue_running_total import revenue_running_total
 from idem_assets.defs.trips import trips
 from idem_assets.landing import list_days, manifest_rows
-from idem_assets.lib.identifiers import qualified, quote
+from idem_assets.lib.model.identifiers import qualified, quote
 
 RECONCILE_CHECK = "rows_reconcile_with_manifests"
 

@@ -18,10 +18,10 @@ import pytest
 from deltalake import DeltaTable
 
 import idem_assets as ia
-from idem_assets.lib.backends.delta import DAY_COLUMN, DeltaBackend, delta_tables, owner_of
-from idem_assets.lib.backends.duckdb import DuckDBBackend
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
-from idem_assets.lib.backends.protocol import Backend
+from idem_assets.lib.backends.delta.backend import DAY_COLUMN, DeltaBackend, delta_tables, owner_of
+from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
+from idem_assets.lib.write.seam import Backend
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import idem_assets as ia
-from idem_assets.lib.backends.protocol import Backend
+from idem_assets.lib.write.seam import Backend
 from tests.helpers import NOW, settings, window
 from tests.reliability.workers import read_batch
 

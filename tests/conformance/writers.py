@@ -17,7 +17,7 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
-from idem_assets.lib.publish import STAGE_HOOK
+from idem_assets.lib.write.publish import STAGE_HOOK
 from tests.conformance.conftest import io_managers
 from tests.conformance.test_replace_contract import EVENTS, events
 from tests.helpers import DAILY

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import dagster as dg
 
 import idem_assets.definitions
-from idem_assets.lib.outbox import OUTBOX_STAGE_HOOK
+from idem_assets.lib.outbox.outbox import OUTBOX_STAGE_HOOK
 
 
 def main(argv: Sequence[str]) -> int:

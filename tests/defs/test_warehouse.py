@@ -20,7 +20,7 @@ from idem_assets.defs.warehouse import (
     engine,
     warehouse_slots,
 )
-from idem_assets.lib.backends.postgres import PostgresLocation
+from idem_assets.lib.backends.postgres.backend import PostgresLocation
 from tests.helpers import readme_bash
 
 from . import (

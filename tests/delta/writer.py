@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 import idem_assets as ia
-from idem_assets.lib.backends.delta import DeltaBackend
+from idem_assets.lib.backends.delta.backend import DeltaBackend
 from tests.conformance.test_partition_kinds import DAYS, ONE_DIM, REGIONS, STATIC, sales
 from tests.conformance.test_replace_contract import EVENTS, events
 from tests.helpers import NOW, settings, window

@@ -26,9 +26,9 @@ from idem_assets.defs.raw_trips import raw_trips
 from idem_assets.defs.revenue_running_total import revenue_running_total
 from idem_assets.defs.stale_totals import revenue_per_day, stale_totals, stored_totals
 from idem_assets.defs.trips import trips
-from idem_assets.lib.backends.duckdb import DuckDBBackend
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
-from idem_assets.lib.backends.protocol import Backend
+from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
+from idem_assets.lib.write.seam import Backend
 
 from .dagster_services import REPO_ROOT, DagsterServices, RunRecord
 from .test_backfills import run_events, summary

@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 
 import idem_assets as ia
-from idem_assets.lib.batches import to_arrow
+from idem_assets.lib.dagster_layer.frames import to_arrow
 from tests.helpers import DAILY, NOW, TRIPS_METADATA, range_tags, settings, window
 
 __all__ = ["DAILY", "NOW", "TRIPS_METADATA", "settings", "window"]

@@ -16,7 +16,7 @@ import pyarrow as pa
 from pydantic import Field
 
 import idem_assets as ia
-from idem_assets.lib.outbox import OUTBOX_STAGE_HOOK
+from idem_assets.lib.outbox.outbox import OUTBOX_STAGE_HOOK
 from tests.helpers import DAILY
 
 ACTION = "post_summary"

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.check_reports import split_by_partition
+from idem_assets.lib.dagster_layer.check_reports import split_by_partition
 
 from . import (
     DAILY,

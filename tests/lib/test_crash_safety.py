@@ -9,7 +9,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from idem_assets.lib.batches import to_arrow
+from idem_assets.lib.dagster_layer.frames import to_arrow
 
 from . import DAYS, count, partition_fingerprints, publish, settings, trips
 

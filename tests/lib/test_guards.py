@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.identifiers import validate_identifier
+from idem_assets.lib.model.identifiers import validate_identifier
 
 from . import (
     DAILY,

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib import batch_sql
-from idem_assets.lib.windows import Condition, region_for, region_of
+from idem_assets.lib.model.windows import Condition, region_for, region_of
+from idem_assets.lib.sql import statements as batch_sql
 from tests.helpers import DAILY, NOW, settings
 
 REGIONS = dg.StaticPartitionsDefinition(["east", "north", "south"])

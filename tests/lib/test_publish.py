@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.batches import to_arrow
+from idem_assets.lib.dagster_layer.frames import to_arrow
 
 from . import DAYS, NOW, count, fingerprint, publish, rows, settings, trips
 
@@ -154,5 +154,5 @@ def test_an_incomplete_backend_is_named_not_taken_for_a_duckdb_connection() -> N
 
     assert str(refused.value) == (
         "OlderBackend is not a complete idem_assets Backend: it lacks ['evolve']. Fix: implement"
-        " them (idem_assets/lib/backends/protocol.py says what each does)."
+        " them (idem_assets/lib/write/seam.py says what each does)."
     )

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.runtime_values import check_runtime_values
+from idem_assets.lib.write.runtime_values import check_runtime_values
 
 from . import DAYS, NOW, TRIPS_METADATA, fingerprint, read, rows, run, trips, trips_asset, window
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.publish import STAGE_HOOK
+from idem_assets.lib.write.publish import STAGE_HOOK
 from tests.helpers import NOW, settings, window
 
 from . import (

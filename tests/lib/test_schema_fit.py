@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.backends.duckdb_types import DUCKDB_TYPES
-from idem_assets.lib.schema_fit import (
+from idem_assets.lib.backends.duckdb.types import DUCKDB_TYPES
+from idem_assets.lib.write.schema_fit import (
     ColumnFit,
     SchemaChange,
     conversion,

@@ -6,10 +6,10 @@ import duckdb
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib import batch_sql
-from idem_assets.lib.backends import duckdb_sql as sql
-from idem_assets.lib.identifiers import qualified, quote, validate_identifier
-from idem_assets.lib.windows import Condition, Region
+from idem_assets.lib.backends.duckdb import sql
+from idem_assets.lib.model.identifiers import qualified, quote, validate_identifier
+from idem_assets.lib.model.windows import Condition, Region
+from idem_assets.lib.sql import statements as batch_sql
 
 
 def spans(column: str, *spans: tuple[object, object]) -> Region:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from tests.helpers import NOW, TRIPS_METADATA, settings, window
 from tests.postgres.workers import publish_held
 from tests.reliability import day_batch, days, range_batch

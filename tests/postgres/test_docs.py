@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from tests.helpers import NOW, readme_python, settings, window
 from tests.reliability import day_batch
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from tests.helpers import NOW, TRIPS_METADATA, settings, window
 
 DAY, NEXT = "2026-01-01", "2026-01-02"

@@ -12,9 +12,9 @@ import pytest
 from postgres_server import PostgresServer
 
 import idem_assets as ia
-from idem_assets.lib.backends import postgres_sql as sql
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
-from idem_assets.lib.windows import Condition
+from idem_assets.lib.backends.postgres import sql
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
+from idem_assets.lib.model.windows import Condition
 from tests.helpers import DAILY, NOW, TRIPS_METADATA, settings, window
 from tests.reliability import day_batch
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from idem_assets.lib.backends import postgres_sql as sql
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
-from idem_assets.lib.windows import region_for
+from idem_assets.lib.backends.postgres import sql
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
+from idem_assets.lib.model.windows import region_for
 from tests.conformance.test_partition_kinds import (
     BY_DAY_AND_REGION,
     DAYS,

@@ -21,7 +21,7 @@ import pytest
 from postgres_server import PostgresServer
 
 import idem_assets as ia
-from idem_assets.lib.backends.postgres import PostgresLocation
+from idem_assets.lib.backends.postgres.backend import PostgresLocation
 from tests.conformance.conftest import Store, postgres_store
 from tests.helpers import DAILY, NOW, settings, window
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import idem_assets as ia
-from idem_assets.lib.backends.postgres import PostgresBackend, PostgresLocation
+from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from tests.helpers import NOW, TRIPS_METADATA, settings, window
 from tests.reliability.workers import read_batch
 

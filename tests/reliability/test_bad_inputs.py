@@ -31,7 +31,7 @@ from idem_assets import landing
 from idem_assets.defs.raw_trips import raw_trips
 from idem_assets.defs.resources import LandingZone
 from idem_assets.defs.trips import trips
-from idem_assets.lib.batches import to_arrow
+from idem_assets.lib.dagster_layer.frames import to_arrow
 from tests.helpers import range_tags
 
 from . import DAILY, NOW, database_fingerprint

@@ -15,7 +15,7 @@ import duckdb
 import pyarrow as pa
 
 import idem_assets as ia
-from idem_assets.lib.backends.duckdb import table_columns
+from idem_assets.lib.backends.duckdb.backend import table_columns
 
 from . import NOW, settings, window
 

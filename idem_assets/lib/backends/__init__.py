@@ -1,1 +1,1 @@
-"""Engines the idempotent publish can write to, one module each behind the protocol."""
+"""The engines, one folder each; :mod:`.registry` finds them without importing their drivers."""

@@ -1,0 +1,44 @@
+"""The idempotent IO managers on DuckDB: the Dagster plumbing over the DuckDB backend."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
+from idem_assets.lib.backends.duckdb.connections import duckdb_connection
+from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
+from idem_assets.lib.model.settings import WriteMode
+
+
+class _DuckDBIOManager(IdempotentIOManager):
+    """Opens the DuckDB backend on a database file."""
+
+    database: str = Field(
+        description="Path of the DuckDB database file (created on first write).",
+    )
+    connection_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="DuckDB configuration options passed to duckdb.connect (e.g. memory_limit).",
+    )
+
+    @contextmanager
+    def _backend(self) -> Iterator[DuckDBBackend]:
+        with duckdb_connection(self.database, self.connection_config) as conn:
+            yield DuckDBBackend(conn)
+
+    def _location(self) -> str:
+        return self.database
+
+
+class DuckDBOverwriteIOManager(_DuckDBIOManager):
+    """Replaces the run's partition window with the batch in one DuckDB transaction."""
+
+    mode: ClassVar[WriteMode] = "overwrite"
+
+
+class DuckDBMergeIOManager(_DuckDBIOManager):
+    """Upserts the batch on 'primary_key' and deletes the window's stale rows in one transaction."""
+
+    mode: ClassVar[WriteMode] = "merge"

@@ -1,0 +1,374 @@
+"""Write-audit-publish: check the staged batch, and hand only a passing batch to the IO manager.
+
+An IO manager cannot report asset-check results, so the audit runs in the asset's own step: the
+batch is frozen as an Arrow table (the staged copy), every check is evaluated on it in one scan,
+the results are reported to Dagster, and a failing blocking check raises before any output
+exists. Nothing reaches the IO manager, readers keep the last good data, and downstream steps
+are skipped. The Arrow table that was checked is the one that is published.
+"""
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+import dagster as dg
+import duckdb
+import pyarrow as pa
+
+from idem_assets.lib.dagster_layer.check_reports import (
+    day_evaluations,
+    markdown,
+    run_materializations,
+    split_by_partition,
+)
+from idem_assets.lib.dagster_layer.checks import (
+    Check,
+    Freshness,
+    RowCount,
+    SampleScope,
+    Verdict,
+    aggregate_sql,
+    in_window,
+    judge,
+)
+from idem_assets.lib.dagster_layer.frames import to_arrow
+from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
+from idem_assets.lib.model.identifiers import quote
+from idem_assets.lib.model.settings import (
+    DEDUPE_ORDER_BY,
+    PARTITION_EXPR,
+    PRIMARY_KEY,
+    _raw,
+    partition_column,
+)
+from idem_assets.lib.model.windows import (
+    PartitionWindow,
+    WriteWindow,
+    bound_for,
+    window_from_keys,
+)
+from idem_assets.lib.sql import statements as batch_sql
+
+# The audit's own relations and columns sit next to the user's columns in one query. Each name
+# holds a space, which validate_identifier refuses, so no user table or column can take it.
+_STAGED_NAME, _WINDOWS_NAME = "idem staged batch", "idem windows"
+_KEY_NAME, _START_NAME, _END_NAME = "idem key", "idem start", "idem end"
+_STAGED, _WINDOWS = quote(_STAGED_NAME), quote(_WINDOWS_NAME)
+_KEY, _START, _END = quote(_KEY_NAME), quote(_START_NAME), quote(_END_NAME)
+_OUTSIDE = "__outside_window__"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """An asset's output plus what the audit should expect of it.
+
+    Return this instead of a bare table when the expected row count is only known while the asset
+    runs (e.g. from a landing file's manifest); it overrides ``row_count``'s ``expected``.
+    """
+
+    #: A pyarrow Table, a pandas DataFrame, or a Polars DataFrame or LazyFrame.
+    data: Any
+    expected_rows: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """Verdicts for every check, plus the staged table they were computed on."""
+
+    table: pa.Table
+    verdicts: list[Verdict]
+
+    @property
+    def blocking_failures(self) -> list[Verdict]:
+        """Failed verdicts of blocking checks."""
+        return [v for v in self.verdicts if not v.passed and v.check.blocking]
+
+
+def stage(
+    data: Any,
+    asset: str,
+    primary_key: Sequence[str] = (),
+    dedupe_order_by: Sequence[str] = (),
+) -> pa.Table:
+    """Freeze the batch as Arrow, keeping the latest row per key when ``dedupe_order_by`` is set."""
+    table = to_arrow(data, asset)
+    if not (primary_key and dedupe_order_by):
+        return table
+    con = duckdb.connect()
+    try:
+        con.register(_STAGED_NAME, table)
+        return con.sql(
+            batch_sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
+        ).to_arrow_table()
+    finally:
+        con.close()
+
+
+def audit_table(
+    table: pa.Table,
+    checks: Sequence[Check],
+    partition_expr: str | None,
+    window: WriteWindow | None,
+    expected_rows: Mapping[str, int] | None = None,
+) -> AuditReport:
+    """Evaluate ``checks`` on ``table`` in one grouped scan, per partition given a window."""
+    if expected_rows is not None:
+        checks = [
+            dataclasses.replace(c, expected=expected_rows) if isinstance(c, RowCount) else c
+            for c in checks
+        ]
+    con = duckdb.connect()
+    try:
+        con.register(_STAGED_NAME, table)
+        aggs = aggregate_sql(checks)
+        if window is not None and partition_expr:
+            ptype = table.schema.field(partition_expr).type
+            wt = pa.table(
+                {
+                    _KEY_NAME: [w.key for w in window.partitions],
+                    _START_NAME: [bound_for(w.start, ptype) for w in window.partitions],
+                    _END_NAME: [bound_for(w.end, ptype) for w in window.partitions],
+                }
+            )
+            con.register(_WINDOWS_NAME, wt)
+            p = f"{_STAGED}.{quote(partition_expr)}"
+            key = f"{_WINDOWS}.{_KEY}"
+            query = (
+                f"SELECT coalesce({key}, '{_OUTSIDE}'), grouping({key}), {', '.join(aggs)}"
+                f" FROM {_STAGED} LEFT JOIN {_WINDOWS}"
+                f" ON {p} >= {_WINDOWS}.{_START} AND {p} < {_WINDOWS}.{_END}"
+                f" GROUP BY GROUPING SETS (({key}), ())"
+            )
+            windows = list(window.partitions)
+        else:
+            query = f"SELECT 'all', 1, {', '.join(aggs)} FROM {_STAGED}"
+            windows = [PartitionWindow("all", *_unbounded())]
+            if any(isinstance(c, Freshness) for c in checks):
+                raise ConfigurationError(
+                    "freshness() is measured against the end of a partition window, and this"
+                    " asset is unpartitioned. Use it on a time-partitioned asset."
+                )
+        grouped: dict[str, tuple[Any, ...]] = {}
+        total: tuple[Any, ...] = ()
+        for row in con.execute(query).fetchall():
+            key, is_total, *values = row
+            if is_total:
+                total = tuple(values)
+            if not is_total or window is None:
+                grouped[key] = tuple(values)
+        outside = grouped.get(_OUTSIDE, (0,))[0]
+        verdicts = []
+        for i, check in enumerate(checks, start=1):
+            per = {k: (v[0], v[i]) for k, v in grouped.items() if k != _OUTSIDE}
+            verdict = judge(check, windows, per, outside)
+            # A duplicate key can span two days: count row failures over the whole batch.
+            if check.unit == "row" and total:
+                failing = int(total[i] or 0)
+                verdict = dataclasses.replace(
+                    verdict,
+                    passed=failing == 0,
+                    failing=failing,
+                    detail=f"{failing} failing row(s)",
+                )
+            if not verdict.passed:
+                verdict = dataclasses.replace(
+                    verdict,
+                    sample=check.sample(
+                        SampleScope(
+                            con,
+                            _STAGED,
+                            verdict.per_partition,
+                            partition_expr=partition_expr,
+                            window=window,
+                        )
+                    ),
+                )
+            verdicts.append(verdict)
+        return AuditReport(table, verdicts)
+    finally:
+        con.close()
+
+
+def _unbounded() -> tuple[Any, Any]:
+    from datetime import datetime
+
+    return datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)
+
+
+def check_results(report: AuditReport, asset_key: dg.AssetKey) -> list[dg.AssetCheckResult]:
+    """One ``AssetCheckResult`` per check of an unpartitioned asset, with count and sample."""
+    results = []
+    for v in report.verdicts:
+        metadata: dict[str, Any] = {
+            "failing": v.failing,
+            "detail": v.detail,
+            "per_partition": dg.MetadataValue.json(v.per_partition),
+        }
+        if v.sample:
+            metadata["failing_sample"] = dg.MetadataValue.md(markdown(v.sample))
+        results.append(
+            dg.AssetCheckResult(
+                asset_key=asset_key,
+                check_name=v.check.name,
+                passed=v.passed,
+                severity=v.check.severity,
+                description=v.check.description,
+                metadata=metadata,
+            )
+        )
+    return results
+
+
+def refusal(
+    asset: str,
+    window: WriteWindow | None,
+    failures: Sequence[Verdict],
+    failed_days: Sequence[str] = (),
+) -> str:
+    """The message of a blocking failure: which checks failed, on which days, and the fix."""
+    lines = [f"  - {v.check.name}: {v.detail}" for v in failures]
+    where = window.describe() if window else "(unpartitioned)"
+    days, rerun = "", "this partition"
+    if window is not None and len(window.partitions) > 1:
+        days = (
+            f"\nDays that failed: {', '.join(failed_days)}; each check's partition view shows"
+            " every day's verdict, and no day of the run was published."
+        )
+        rerun = "the failed partitions (in the UI: Materialize..., the Failed selection)"
+    return (
+        f"Asset '{asset}', partition {where}: {len(failures)} blocking check(s) failed on the"
+        " staged batch, so it was not published and readers keep the last good data:\n"
+        + "\n".join(lines)
+        + days
+        + "\nEach check's failing_sample in the UI shows the offending rows or partitions. Fix"
+        f" the input (or the check), then rerun {rerun}."
+    )
+
+
+def run_audit(
+    context: dg.AssetExecutionContext,
+    output: Any,
+    checks: Sequence[Check],
+    metadata: Mapping[str, Any],
+) -> Iterator[dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output]:
+    """Stage ``output`` and audit it; publish it and report every verdict, or raise on a blocker.
+
+    A partitioned asset reports one evaluation per check and day of the run. Verdicts come after
+    the output, so each points at the materialization it judged; a refused batch reports its
+    verdicts without a target and raises before any output exists.
+    """
+    asset_key = context.asset_key
+    asset = asset_key.to_user_string()
+    batch = output if isinstance(output, Batch) else Batch(output)
+    # A single column may be given as a bare string, as resolve_settings accepts.
+    key = _raw(metadata.get(PRIMARY_KEY)) or ()
+    order = _raw(metadata.get(DEDUPE_ORDER_BY)) or ()
+    key = (key,) if isinstance(key, str) else tuple(key)
+    order = (order,) if isinstance(order, str) else tuple(order)
+    table = stage(batch.data, asset, key, order)
+    partition_expr = _raw(metadata.get(PARTITION_EXPR))
+    window = None
+    if context.has_partition_key_range or context.has_partition_key:
+        assert context.assets_def.partitions_def is not None
+        window = window_from_keys(context.assets_def.partitions_def, context.partition_keys, asset)
+    report = audit_table(table, checks, partition_expr, window, batch.expected_rows)
+    failures = report.blocking_failures
+    if window is None or not partition_expr:
+        results = check_results(report, asset_key)
+        if failures:
+            yield from results
+            raise BlockingCheckError(refusal(asset, window, failures))
+        yield dg.Output(table)
+        yield from results
+        return
+    days = split_by_partition(report.table, report.verdicts, partition_expr, window)
+    if failures:
+        yield from _reported(context, day_evaluations(days, asset_key, {}, published=False))
+        failed_days = sorted({d.key for d in days if not d.passed and d.check.blocking})
+        raise BlockingCheckError(refusal(asset, window, failures, failed_days))
+    yield dg.Output(table)
+    targets = run_materializations(context.instance, asset_key, window.keys, context.run.run_id)
+    yield from _reported(context, day_evaluations(days, asset_key, targets, published=True))
+
+
+def _reported(
+    context: dg.AssetExecutionContext, evaluations: Sequence[dg.AssetCheckEvaluation]
+) -> Iterator[dg.Output | dg.AssetCheckEvaluation]:
+    """The evaluations, each check's (empty) step output first, as an AssetCheckResult has."""
+    selected = context.selected_asset_check_keys
+    done: set[dg.AssetCheckKey] = set()
+    for evaluation in evaluations:
+        check_key = evaluation.asset_check_key
+        if check_key in selected and check_key not in done:
+            done.add(check_key)
+            yield dg.Output(
+                None, output_name=context.assets_def.get_output_name_for_asset_check_key(check_key)
+            )
+        yield evaluation
+
+
+def audited_asset(
+    *, checks: Sequence[Check] = (), **asset_kwargs: Any
+) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+    """Like ``@dg.asset``, but the returned batch is audited by ``checks`` before it is published.
+
+    The function returns a DataFrame, an Arrow table or a :class:`Batch`. A partitioned asset also
+    gets the ``in_window`` check on its ``partition_expr`` column. Each check becomes a blocking
+    (or, with ``blocking=False``, a WARN) ``AssetCheckSpec``, partitioned like the asset, so every
+    run records one verdict per day.
+    """
+
+    def decorator(fn: Callable[..., Any]) -> dg.AssetsDefinition:
+        params = list(inspect.signature(fn).parameters)
+        if not params or params[0] != "context":
+            raise ConfigurationError(
+                f"@audited_asset {fn.__name__}: the audit needs the run's partition window, so"
+                " the function's first parameter must be `context` (e.g."
+                f" def {fn.__name__}(context: dg.AssetExecutionContext, ...))."
+            )
+        name = asset_kwargs.get("name") or fn.__name__
+        prefix = asset_kwargs.get("key_prefix") or []
+        prefix = [prefix] if isinstance(prefix, str) else list(prefix)
+        asset_key = dg.AssetKey.from_coercible(asset_kwargs.get("key") or [*prefix, name])
+        metadata = dict(asset_kwargs.get("metadata") or {})
+        partitions_def = asset_kwargs.get("partitions_def")
+        if partitions_def is not None and not isinstance(
+            partitions_def, dg.TimeWindowPartitionsDefinition
+        ):
+            raise ConfigurationError(
+                f"@audited_asset {asset_key.to_user_string()}: the audit judges each day of a"
+                f" time-partitioned asset, and this one uses {type(partitions_def).__name__}."
+                " Fix: define it with @dg.asset and the idem_assets IO managers (their guards"
+                " still refuse stray rows, duplicate keys and emptied partitions before"
+                " anything changes), with checks as @dg.asset_check; or partition it by time."
+            )
+        partition_expr = partition_column(metadata.get(PARTITION_EXPR), asset_key.to_user_string())
+        all_checks = list(checks)
+        if partition_expr and asset_kwargs.get("partitions_def") is not None:
+            all_checks.append(in_window(partition_expr))
+        names = [c.name for c in all_checks]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(
+                f"Asset '{asset_key.to_user_string()}' declares two checks with the same name"
+                f" ({names}); pass name=... to one of them."
+            )
+
+        @functools.wraps(fn)
+        def compute(context: dg.AssetExecutionContext, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            yield from run_audit(context, fn(context, *args, **kwargs), all_checks, metadata)
+
+        # The wrapper yields Output(pa.Table); the function's own return annotation (often
+        # Batch) must not become the output's Dagster type.
+        compute.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k != "return"}
+        compute.__signature__ = inspect.signature(fn).replace(  # type: ignore[attr-defined]
+            return_annotation=inspect.Signature.empty
+        )
+        partitions_def = asset_kwargs.get("partitions_def")
+        specs = [c.spec(asset_key, partitions_def) for c in all_checks]
+        return dg.asset(check_specs=specs, **asset_kwargs)(compute)
+
+    return decorator

@@ -1,0 +1,76 @@
+"""What an asset returns, as the Arrow table every guard and backend reads."""
+
+import sys
+from typing import Any
+
+import pyarrow as pa
+
+from idem_assets.lib.model.errors import SchemaMismatchError
+
+
+def to_arrow(obj: object, asset: str) -> pa.Table:
+    """Accept a pyarrow Table, a pandas DataFrame or a Polars frame; refuse anything else."""
+    if isinstance(obj, pa.Table):
+        return obj
+    if isinstance(obj, pa.RecordBatch):
+        return pa.Table.from_batches([obj])
+    polars_table = _polars_to_arrow(obj)
+    if polars_table is not None:
+        return polars_table
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(obj, pd.DataFrame):
+        return pa.Table.from_pandas(_index_as_columns(obj, asset), preserve_index=False)
+    raise TypeError(
+        f"Asset '{asset}' returned {type(obj).__name__}; the idempotent IO managers store a"
+        " pandas DataFrame, a Polars DataFrame or LazyFrame, or a pyarrow Table. Return one of"
+        " those (an empty one with the right columns if the partition really has no rows,"
+        " together with metadata={'allow_empty': True})."
+    )
+
+
+def _index_as_columns(frame: Any, asset: str) -> Any:
+    """Named index levels become columns, as ``reset_index`` makes them; unnamed ones are dropped.
+
+    A named index holds data (``groupby("zone")`` puts the zones there); an unnamed one is only
+    row numbering.
+    """
+    named = [n for n in frame.index.names if n is not None]
+    if not named:
+        return frame
+    clash = [n for n in named if n in frame.columns]
+    if clash:
+        raise SchemaMismatchError(
+            f"Refused to write asset '{asset}': the DataFrame's index level(s) {clash} have the"
+            " name of a column too, so the index cannot be stored next to it. Nothing was"
+            " changed. Fix: drop the index if it is only row numbering"
+            " (df.reset_index(drop=True)), or rename it (df.rename_axis('other_name'))."
+        )
+    return frame.reset_index(level=named)
+
+
+def _polars_to_arrow(obj: Any) -> pa.Table | None:
+    """A Polars frame as Arrow without a copy (a LazyFrame is collected first), else ``None``."""
+    # Only a process that imported Polars can hand us a Polars frame, so Polars stays optional.
+    pl: Any = sys.modules.get("polars")
+    if pl is None:
+        return None
+    frame = obj.collect() if isinstance(obj, pl.LazyFrame) else obj
+    return frame.to_arrow() if isinstance(frame, pl.DataFrame) else None
+
+
+def reads_arrow(frame_type: object) -> bool:
+    """True when an input asks for Arrow or a Polars frame, which load from Arrow without pandas."""
+    pl: Any = sys.modules.get("polars")
+    return frame_type is pa.Table or (pl is not None and frame_type in (pl.DataFrame, pl.LazyFrame))
+
+
+def from_arrow(table: pa.Table, frame_type: object) -> Any:
+    """``table`` as the frame an input asks for: Arrow as is, Polars (eager or lazy) from it."""
+    pl: Any = sys.modules.get("polars")
+    if pl is not None and frame_type in (pl.DataFrame, pl.LazyFrame):
+        frame = pl.from_arrow(table)
+        return frame.lazy() if frame_type is pl.LazyFrame else frame
+    return table

@@ -1,0 +1,273 @@
+"""Dagster IO managers that make a rerun replace a partition instead of adding to it.
+
+:class:`IdempotentIOManager` is the Dagster plumbing (settings, windows, metadata, the
+missing-upstream check) over any :class:`~idem_assets.lib.backends.protocol.Backend`; an engine's
+IO managers only say how to open its backend.
+"""
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+import dagster as dg
+import pandas as pd
+import pyarrow as pa
+from pydantic import Field
+
+from idem_assets.lib.dagster_layer.data_versions import record_data_version
+from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
+from idem_assets.lib.model.errors import MissingUpstreamError
+from idem_assets.lib.model.settings import (
+    WriteMode,
+    WriteSettings,
+    resolve_settings,
+    spelt_partitions,
+)
+from idem_assets.lib.model.windows import (
+    PartitionWindow,
+    WriteWindow,
+    window_from_context,
+    window_from_keys,
+)
+from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
+from idem_assets.lib.write.seam import Backend
+
+
+class IdempotentIOManager(dg.ConfigurableIOManager):
+    """Dagster plumbing over a backend; subclasses open it and choose the write mode."""
+
+    mode: ClassVar[WriteMode]
+
+    schema_: str | None = Field(
+        default=None,
+        alias="schema",
+        description=(
+            "Schema for every table; an asset's metadata {'schema': ...} overrides it. Unset,"
+            " an asset key's prefix names the schema (['us', 'trips'] writes us.trips), and"
+            " 'main' holds the tables of keys without one."
+        ),
+    )
+
+    def _backend(self) -> AbstractContextManager[Backend]:
+        """Open the engine's backend for one write or load, and close it after."""
+        raise NotImplementedError
+
+    def _location(self) -> str:
+        """Where the tables live, for messages (a file, a database URL)."""
+        raise NotImplementedError
+
+    def _written_metadata(self, backend: Backend) -> dict[str, Any]:
+        """What the engine adds to a publish's metadata (e.g. the version it committed)."""
+        return {}
+
+    def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
+        out = context if isinstance(context, dg.OutputContext) else context.upstream_output
+        metadata = out.definition_metadata if out is not None else {}
+        return resolve_settings(
+            asset_key=context.asset_key,
+            metadata=metadata,
+            mode=self.mode,
+            default_schema=self.schema_,
+            partitions_def=context.asset_partitions_def if context.has_asset_partitions else None,
+        )
+
+    def handle_output(self, context: dg.OutputContext, obj: object) -> None:
+        """Publish the batch: guards, then replace the run's window in one transaction."""
+        settings = self._settings(context)
+        window = window_from_context(context, settings.asset)
+        batch = to_arrow(obj, settings.asset)
+        with self._backend() as backend:
+            result = publish(backend, batch, settings, window)
+            written = self._written_metadata(backend)
+        context.add_output_metadata({**publish_metadata(result, settings, window), **written})
+        record_data_version(context, result.fingerprint)
+        # A range run yields one materialization per partition. Dagster copies the output
+        # metadata onto each of them, so the day's own counts go on each one by key.
+        if window is not None:
+            for part in window.partitions:
+                if part.key in result.per_partition:
+                    context.step_context.add_asset_metadata(
+                        partition_metadata(result.per_partition[part.key], part),
+                        asset_key=context.asset_key,
+                        partition_key=part.key,
+                    )
+
+    def load_input(self, context: dg.InputContext) -> Any:
+        """Load the window's rows (the whole table when unpartitioned), in partition order.
+
+        An input typed ``pa.Table``, ``pl.DataFrame`` or ``pl.LazyFrame`` gets that type, read
+        as Arrow without a pass through pandas; any other input gets a pandas DataFrame.
+        """
+        settings = self._settings(context)
+        window = window_from_context(context, settings.asset)
+        frame_type = context.dagster_type.typing_type
+        want_arrow = reads_arrow(frame_type)
+        # A partition mapping can map to no upstream partition at all (the first day of a
+        # self-dependent asset): that input is empty, never the whole table.
+        maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
+        with self._backend() as backend:
+            columns = backend.column_types(settings)
+            if columns is None:
+                # No table yet is an empty history for an asset that reads its own earlier
+                # partitions (its first run); for any other input it means a missing upstream.
+                if maps_to_nothing or _reads_itself(context):
+                    return from_arrow(pa.table({}), frame_type) if want_arrow else pd.DataFrame()
+                raise dg.Failure(
+                    f"Asset '{settings.asset}' has no table {settings.schema}.{settings.table} in"
+                    f" {self._location()} yet. Materialize it first (for the partition(s) this"
+                    " run reads), then rerun."
+                )
+            # Metadata may name a column in another case than the table stores it (a write
+            # matches names without regard to case); reads must use the stored spelling.
+            settings = _as_stored(settings, columns)
+            if window and settings.partition_columns and not maps_to_nothing:
+                missing = _never_materialized(context, backend, settings, window)
+                if missing:
+                    raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
+            loaded = backend.load(settings, window, maps_to_nothing, want_arrow)
+            return from_arrow(loaded, frame_type) if want_arrow else loaded
+
+    def read_asset(
+        self, assets_def: dg.AssetsDefinition, keys: Sequence[str] | None = None
+    ) -> pa.Table:
+        """An asset's stored rows for partition ``keys`` (every row without keys), as Arrow.
+
+        For code that reads a table outside an input (a check, an asset's own history) on
+        whichever engine the IO manager writes to. No table yet reads as no rows.
+        """
+        key = assets_def.key
+        partitions_def = assets_def.partitions_def
+        settings = resolve_settings(
+            asset_key=key,
+            metadata=assets_def.metadata_by_key[key],
+            mode=self.mode,
+            default_schema=self.schema_,
+            partitions_def=partitions_def,
+        )
+        window = None
+        if keys and partitions_def is not None:
+            window = window_from_keys(partitions_def, keys, settings.asset)
+        with self._backend() as backend:
+            columns = backend.column_types(settings)
+            if columns is None:
+                return pa.table({})
+            settings = _as_stored(settings, columns)
+            table = backend.load(settings, window, keys is not None and not keys, True)
+        assert isinstance(table, pa.Table)
+        return table
+
+
+def _as_stored(settings: WriteSettings, columns: Mapping[str, Any]) -> WriteSettings:
+    """``settings`` with its partition columns spelt as the table's ``columns`` spell them."""
+    stored = {c.lower(): c for c in columns}
+    if any(c.lower() not in stored for c in settings.partition_names):
+        return settings  # The load names the missing column itself.
+    return spelt_partitions(settings, stored)
+
+
+def _reader(context: dg.InputContext) -> dg.AssetsDefinition | None:
+    return context.step_context.job_def.asset_layer.get_assets_def_for_node(
+        context.step_context.node_handle
+    )
+
+
+def _reads_itself(context: dg.InputContext) -> bool:
+    assets_def = _reader(context)
+    return assets_def is not None and context.asset_key in assets_def.keys
+
+
+def _never_materialized(
+    context: dg.InputContext, backend: Backend, settings: WriteSettings, window: WriteWindow
+) -> list[str]:
+    """Upstream partitions of ``window`` with neither a materialization nor a row."""
+    # The instance knows a partition materialised empty; rows prove one that another instance
+    # (a test's, a restored database's) wrote. A partition with neither was never written.
+    recorded = context.instance.get_latest_storage_id_by_partition(
+        context.asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(window.keys)
+    )
+    # A single-run range of an asset that reads its own earlier days writes them in this run.
+    this_run = _written_by_this_run(context) if _reads_itself(context) else set()
+    missing = []
+    for p in window.partitions:
+        if p.key in recorded or p.key in this_run:
+            continue
+        found = backend.fingerprint_table(
+            settings.schema,
+            settings.table,
+            settings.partition_columns,
+            WriteWindow((p,), window.time_dimension),
+        )
+        if not found or found[0] == 0:
+            missing.append(p.key)
+    return missing
+
+
+def _written_by_this_run(context: dg.InputContext) -> set[str]:
+    step = context.step_context
+    if not step.has_partitions:
+        return set()
+    keys = context.asset_partitions_def.get_partition_keys_in_range(step.partition_key_range)
+    return set(keys)
+
+
+def _missing_message(context: dg.InputContext, upstream: str, missing: list[str]) -> str:
+    reader = _reader(context)
+    who = ", ".join(k.to_user_string() for k in reader.keys) if reader else "this step"
+    shown = missing[:10] + ([f"... ({len(missing)} in all)"] if len(missing) > 10 else [])
+    return (
+        f"Refused to load asset '{upstream}' for '{who}': partition(s) {shown} of"
+        f" '{upstream}' were never materialised, so this input would read as empty and"
+        " the result would be published as if there were no data. Nothing was changed. Fix:"
+        f" materialise '{upstream}' for those partition(s) first (a run of each, or a backfill"
+        " of the range), then rerun this partition. A partition that was materialised empty"
+        " is read as empty."
+    )
+
+
+def _window_text(window: WriteWindow) -> str:
+    """``[start, end)`` of the time dimension, then each category dimension's values."""
+    parts = [f"[{window.start.isoformat()}, {window.end.isoformat()})"] if window.timed else []
+    for dim, values in window.categories().items():
+        parts.append((f"{dim}=" if dim else "") + ",".join(values))
+    return " ".join(parts)
+
+
+def publish_metadata(
+    result: PublishResult, settings: WriteSettings, window: WriteWindow | None
+) -> dict[str, Any]:
+    """Materialization metadata; ``dagster/row_count`` is what the UI plots per partition.
+
+    For a range (a chunk of a backfill) the run's totals are prefixed ``range_``: each day's
+    materialization gets its own counts from :func:`partition_metadata`.
+    """
+    md: dict[str, Any] = {
+        "dagster/table_name": result.table,
+        "write_mode": settings.mode,
+    }
+    totals: dict[str, Any] = {
+        "dagster/row_count": result.rows,
+        "rows_inserted": result.inserted,
+        "rows_updated": result.updated,
+        "rows_deleted": result.deleted,
+        "fingerprint": result.fingerprint,
+    }
+    if window is not None:
+        totals["partitions_written"] = len(result.partitions)
+        totals["window"] = _window_text(window)
+    if not result.per_partition:
+        return {**md, **totals}
+    totals["row_count"] = totals.pop("dagster/row_count")
+    return {**md, **{f"range_{k}": v for k, v in totals.items()}}
+
+
+def partition_metadata(part: PartitionResult, window: PartitionWindow) -> dict[str, Any]:
+    """One partition's own metadata within a range publish."""
+    return {
+        "dagster/row_count": part.rows,
+        "rows_inserted": part.inserted,
+        "rows_updated": part.updated,
+        "rows_deleted": part.deleted,
+        "fingerprint": part.fingerprint,
+        "partitions_written": 1,
+        "window": _window_text(WriteWindow((window,))),
+    }
