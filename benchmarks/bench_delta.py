@@ -13,8 +13,9 @@ import idem_assets as ia
 from benchmarks import data
 from benchmarks.bench_merge import DEDUPE, merge_batch
 from benchmarks.harness import Case, Line, Scale, interleave, line_from_times
-from idem_assets.lib.backends.delta.backend import DAY_COLUMN as DAY
-from idem_assets.lib.backends.delta.backend import DeltaBackend, literal, window_predicate, with_day
+from idem_assets.lib.backends.delta.backend import DeltaBackend
+from idem_assets.lib.backends.delta.layout import DAY_COLUMN as DAY
+from idem_assets.lib.backends.delta.layout import literal, window_predicate, with_day
 
 #: Rows of the overwritten day, rounds; the table holds OTHER_PARTITIONS more days.
 OVERWRITE: dict[Scale, tuple[int, int]] = {"tiny": (10_000, 2), "full": (1_000_000, 7)}

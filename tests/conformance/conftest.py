@@ -18,7 +18,8 @@ import pytest
 from deltalake import DeltaTable
 
 import idem_assets as ia
-from idem_assets.lib.backends.delta.backend import DAY_COLUMN, DeltaBackend, delta_tables, owner_of
+from idem_assets.lib.backends.delta.backend import DeltaBackend
+from idem_assets.lib.backends.delta.layout import DAY_COLUMN, delta_tables, owner_of
 from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from idem_assets.lib.write.seam import Backend

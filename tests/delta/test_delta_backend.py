@@ -19,7 +19,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 import idem_assets as ia
-from idem_assets.lib.backends.delta.backend import DAY_COLUMN, DeltaBackend, owner_of
+from idem_assets.lib.backends.delta.backend import DeltaBackend
+from idem_assets.lib.backends.delta.layout import DAY_COLUMN, owner_of
 from tests.conformance import test_first_writers as first
 from tests.conformance.conftest import Store, delta_store
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, REFUSALS, events

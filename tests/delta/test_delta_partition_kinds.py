@@ -10,7 +10,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 import idem_assets as ia
-from idem_assets.lib.backends.delta.backend import DAY_COLUMN, DeltaBackend
+from idem_assets.lib.backends.delta.backend import DeltaBackend
+from idem_assets.lib.backends.delta.layout import DAY_COLUMN
 from tests.conformance.test_partition_kinds import (
     BY_DAY_AND_REGION,
     DAYS,

@@ -12,7 +12,8 @@ from deltalake import DeltaTable
 from moto.server import ThreadedMotoServer
 
 import idem_assets as ia
-from idem_assets.lib.backends.delta.backend import DAY_COLUMN, DeltaBackend
+from idem_assets.lib.backends.delta.backend import DeltaBackend
+from idem_assets.lib.backends.delta.layout import DAY_COLUMN
 from tests.conformance.conftest import Store
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, events
 from tests.delta.test_delta_backend import daily_events, expected, first_writers_of_one_day

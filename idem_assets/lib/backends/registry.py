@@ -49,3 +49,26 @@ def exported(name: str) -> Any:
             f" ({exc}). Fix: pip install 'idem_assets[{extra}]'."
         ) from exc
     return getattr(module, name)
+
+
+def wrap(store: object) -> Any:
+    """The backend of the engine whose connections ``store`` is one of (a DuckDB connection).
+
+    Engines name the top-level modules of the connection types they wrap (``WRAPS``: module ->
+    ``"backend_module:BackendClass"``), so ``ia.publish(duckdb.connect(...), ...)`` works
+    without the neutral core knowing DuckDB.
+    """
+    top = type(store).__module__.split(".")[0]
+    # An engine's own module first; "*" takes any other object (a proxy of a connection).
+    for key in (top, "*"):
+        for module in engines().values():
+            target = getattr(module, "WRAPS", {}).get(key)
+            if target is None:
+                continue
+            where, _, name = target.partition(":")
+            return getattr(importlib.import_module(f"{module.__name__}.{where}"), name)(store)
+    raise TypeError(
+        f"{type(store).__name__} is neither an idem_assets Backend nor a connection an engine"
+        " wraps. Fix: pass a DuckDB connection (duckdb.connect(...)) or a backend such as"
+        " PostgresBackend or DeltaBackend."
+    )

@@ -1,0 +1,1 @@
+"""The Dagster layer: IO managers, audited assets, checks, verdicts and data versions."""

@@ -5,7 +5,7 @@ missing-upstream check) over any :class:`~idem_assets.lib.backends.protocol.Back
 IO managers only say how to open its backend.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -21,7 +21,6 @@ from idem_assets.lib.model.settings import (
     WriteMode,
     WriteSettings,
     resolve_settings,
-    spelt_partitions,
 )
 from idem_assets.lib.model.windows import (
     PartitionWindow,
@@ -30,7 +29,7 @@ from idem_assets.lib.model.windows import (
     window_from_keys,
 )
 from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
-from idem_assets.lib.write.seam import Backend
+from idem_assets.lib.write.seam import Backend, TableRef
 
 
 class IdempotentIOManager(dg.ConfigurableIOManager):
@@ -56,10 +55,6 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
 
-    def _written_metadata(self, backend: Backend) -> dict[str, Any]:
-        """What the engine adds to a publish's metadata (e.g. the version it committed)."""
-        return {}
-
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
         metadata = out.definition_metadata if out is not None else {}
@@ -78,8 +73,9 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         batch = to_arrow(obj, settings.asset)
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
-            written = self._written_metadata(backend)
-        context.add_output_metadata({**publish_metadata(result, settings, window), **written})
+        context.add_output_metadata(
+            {**publish_metadata(result, settings, window), **result.committed}
+        )
         record_data_version(context, result.fingerprint)
         # A range run yields one materialization per partition. Dagster copies the output
         # metadata onto each of them, so the day's own counts go on each one by key.
@@ -106,8 +102,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         # self-dependent asset): that input is empty, never the whole table.
         maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
         with self._backend() as backend:
-            columns = backend.column_types(settings)
-            if columns is None:
+            loaded = backend.load(settings, window, maps_to_nothing, want_arrow)
+            if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
                 if maps_to_nothing or _reads_itself(context):
@@ -117,15 +113,11 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
                     " run reads), then rerun."
                 )
-            # Metadata may name a column in another case than the table stores it (a write
-            # matches names without regard to case); reads must use the stored spelling.
-            settings = _as_stored(settings, columns)
             if window and settings.partition_columns and not maps_to_nothing:
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
-            loaded = backend.load(settings, window, maps_to_nothing, want_arrow)
-            return from_arrow(loaded, frame_type) if want_arrow else loaded
+        return from_arrow(loaded, frame_type) if want_arrow else loaded
 
     def read_asset(
         self, assets_def: dg.AssetsDefinition, keys: Sequence[str] | None = None
@@ -148,21 +140,11 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         if keys and partitions_def is not None:
             window = window_from_keys(partitions_def, keys, settings.asset)
         with self._backend() as backend:
-            columns = backend.column_types(settings)
-            if columns is None:
-                return pa.table({})
-            settings = _as_stored(settings, columns)
             table = backend.load(settings, window, keys is not None and not keys, True)
+        if table is None:
+            return pa.table({})
         assert isinstance(table, pa.Table)
         return table
-
-
-def _as_stored(settings: WriteSettings, columns: Mapping[str, Any]) -> WriteSettings:
-    """``settings`` with its partition columns spelt as the table's ``columns`` spell them."""
-    stored = {c.lower(): c for c in columns}
-    if any(c.lower() not in stored for c in settings.partition_names):
-        return settings  # The load names the missing column itself.
-    return spelt_partitions(settings, stored)
 
 
 def _reader(context: dg.InputContext) -> dg.AssetsDefinition | None:
@@ -191,9 +173,8 @@ def _never_materialized(
     for p in window.partitions:
         if p.key in recorded or p.key in this_run:
             continue
-        found = backend.fingerprint_table(
-            settings.schema,
-            settings.table,
+        found = backend.fingerprint(
+            TableRef.of(settings),
             settings.partition_columns,
             WriteWindow((p,), window.time_dimension),
         )

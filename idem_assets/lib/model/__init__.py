@@ -1,0 +1,1 @@
+"""The model: partition windows and regions, per-asset settings, identifiers, errors."""

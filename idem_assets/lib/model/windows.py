@@ -296,7 +296,9 @@ def region_of(
     """A stored table's region for ``window`` (none without one, or without a partition column).
 
     ``partition_columns`` is the metadata's form (see :func:`as_pairs`); ``type_of`` gives a
-    stored column's Arrow type and raises ``KeyError`` for a column the table lacks.
+    stored column's Arrow type and raises ``KeyError`` for a column the table lacks. A column
+    named in another case than stored is matched, as writes match it, when ``type_of`` is a
+    mapping's lookup (:func:`stored_region`).
     """
     pairs = as_pairs(partition_columns)
     if window is None or not pairs:
@@ -311,6 +313,18 @@ def region_of(
             " ...}, or add the column (ALTER TABLE ... ADD COLUMN) and rerun its partitions."
         ) from exc
     return region_for(window, pairs, types)
+
+
+def stored_region(
+    window: WriteWindow | None,
+    partition_columns: object,
+    columns: Mapping[str, pa.DataType],
+    table: str,
+) -> Region:
+    """:func:`region_of` over a table's ``columns``, each partition column spelt as stored."""
+    by_lower = {c.lower(): c for c in columns}
+    pairs = tuple((d, by_lower.get(c.lower(), c)) for d, c in as_pairs(partition_columns))
+    return region_of(window, pairs, columns.__getitem__, table)
 
 
 def region_for(

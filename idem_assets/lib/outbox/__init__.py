@@ -1,0 +1,1 @@
+"""The outbox: side effects a rerun does not repeat."""

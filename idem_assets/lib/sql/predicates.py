@@ -47,9 +47,14 @@ class Params:
         return exp.Placeholder(this=str(len(self.values)))
 
 
+#: The library's own column names start so; no user name can, as none may hold a '-'.
+OWN_PREFIX = "idem-"
+
+
 def column(name: str, alias: str | None = None) -> exp.Column:
     """A validated, always-quoted column reference (``alias."name"``)."""
-    validate_identifier(name, "column")
+    if not name.startswith(OWN_PREFIX):
+        validate_identifier(name, "column")
     return exp.column(name, table=alias, quoted=True)
 
 

@@ -1,125 +1,554 @@
-"""SQL over the staged batch, run by the library's own embedded DuckDB on Arrow.
+"""Every statement a publish or a load runs, written once and rendered in any engine's dialect.
 
-Whatever engine stores the table, the guards and the audit judge the staged Arrow batch with
-these statements, so one set of them serves every backend. Each function takes validated
-identifiers (and window bounds) and returns SQL text plus the parameters to bind; values are
-always bound parameters, identifiers are validated and quoted.
+The guards judge the staged batch with these statements in the evaluator (the embedded DuckDB, or
+the engine's own where it brings one); the backends count, delete and read their tables with
+them in their own dialect. Each function takes validated identifiers and a window's
+:data:`~idem_assets.lib.model.windows.Region` (or its cells) and returns a
+:class:`~idem_assets.lib.sql.predicates.Statement`: text for ``dialect`` plus the values to bind.
+Identifiers are validated and quoted; values are always bound, never formatted in.
+
+Rendered text is cached by the statement's shape: its identifiers and how many values each
+condition holds, with every value and every relation name stood in for, so the publishes of one
+asset render each statement once per process.
 """
 
-from collections.abc import Sequence
-from typing import Any
+import inspect
+from collections.abc import Callable, Sequence
+from functools import lru_cache, wraps
+from typing import Any, ParamSpec
 
-from idem_assets.lib.model.identifiers import quote, validate_identifier
-from idem_assets.lib.model.windows import Bound, Box, Cell, Region
+from sqlglot import exp
 
-Statement = tuple[str, list[Any]]
+from idem_assets.lib.model.identifiers import validate_identifier
+from idem_assets.lib.model.windows import Bound, Box, Cell, Condition, Region
+from idem_assets.lib.sql import predicates
+from idem_assets.lib.sql.predicates import Params, Statement, bind, column, render
 
+__all__ = ["Statement", "bind"]
 
-def quoted_columns(columns: Sequence[str]) -> list[str]:
-    """Validate and quote column names."""
-    return [quote(validate_identifier(c, "column")) for c in columns]
+#: A relation: one name (a registered batch, a view), or its parts (``schema``, ``table``).
+Rel = str | tuple[str, ...]
 
+P = ParamSpec("P")
 
-def window_predicate(
-    column: str, spans: Sequence[tuple[Bound, Bound]], alias: str | None = None
-) -> Statement:
-    """``column`` inside any half-open span: ``(c >= ? AND c < ?) OR ...``."""
-    c = quote(validate_identifier(column, "partition column"))
-    if alias:
-        c = f"{alias}.{c}"
-    return span_predicate(c, spans)
-
-
-def span_predicate(
-    expression: str, spans: Sequence[tuple[Bound, Bound]] | Sequence[tuple[int, int]]
-) -> Statement:
-    """``expression`` (SQL built from validated names) inside any half-open span."""
-    parts = [f"({expression} >= ? AND {expression} < ?)" for _ in spans]
-    params: list[Any] = [b for span in spans for b in span]
-    return "(" + " OR ".join(parts) + ")", params
+#: Stands in for a relation while a statement's shape is rendered: no identifier can hold '-'
+#: unquoted, and the library's own names never end so.
+_REL = "idem-relation-{}-"
 
 
-def region_predicate(region: Region, alias: str | None = None) -> Statement:
-    """Rows in any box of ``region``: ``(time spans AND category IN (...)) OR ...``."""
-    parts, params = [], []
-    for box in region:
-        pred, box_params = box_predicate(box, alias)
-        parts.append(pred)
-        params += box_params
-    return (parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"), params
+def relation(rel: Rel) -> exp.Table:
+    """A relation with every part quoted: ``"schema"."table"``."""
+    parts = (rel,) if isinstance(rel, str) else tuple(rel)
+    *db, name = parts
+    return exp.Table(
+        this=exp.to_identifier(name, quoted=True),
+        db=exp.to_identifier(db[-1], quoted=True) if db else None,
+    )
 
 
-def box_predicate(box: Box, alias: str | None = None) -> Statement:
-    """Rows meeting every condition of ``box``."""
-    parts, params = [], []
-    for cond in box:
-        c = quote(validate_identifier(cond.column, "partition column"))
-        if alias:
-            c = f"{alias}.{c}"
-        if cond.spans:
-            pred, span_params = span_predicate(c, cond.spans)
-            parts.append(pred)
-            params += span_params
-        else:
-            parts.append(f"({c} IN ({', '.join('?' for _ in cond.values)}))")
-            params += list(cond.values)
-    return (parts[0] if len(parts) == 1 else "(" + " AND ".join(parts) + ")"), params
+def _own(name: str) -> exp.Column:
+    """One of the library's own names, which no user column can have (it is not plain)."""
+    return exp.column(name, quoted=True)
 
 
-def dedupe(source: str, key: Sequence[str], order_by: Sequence[str], columns: Sequence[str]) -> str:
+def columns(names: Sequence[str], alias: str | None = None) -> list[exp.Column]:
+    """Validated, quoted column references."""
+    return [column(validate_identifier(c, "column"), alias) for c in names]
+
+
+def _abstract(value: Any, found: list[Any]) -> Any:
+    """``value`` with each window value replaced by its index in ``found`` (appended there)."""
+    if isinstance(value, Condition):
+        spans = tuple(tuple(_slot(b, found) for b in span) for span in value.spans)
+        values = tuple(_slot(v, found) for v in value.values)
+        return Condition(value.column, spans=spans, values=values)  # type: ignore[arg-type]
+    if isinstance(value, tuple | list):
+        return tuple(_abstract(v, found) for v in value)
+    return value
+
+
+def _slots(value: Any, found: list[Any]) -> Any:
+    """Every leaf of nested tuples or lists replaced by its index in ``found``."""
+    if isinstance(value, tuple | list):
+        return tuple(_slots(v, found) for v in value)
+    return _slot(value, found)
+
+
+def _slot(value: Any, found: list[Any]) -> int:
+    found.append(value)
+    return len(found) - 1
+
+
+def statement(
+    *, windows: Sequence[str] = (), relations: Sequence[str] = (), values: Sequence[str] = ()
+) -> Callable[[Callable[..., exp.Expression]], Callable[..., Statement]]:
+    """Make a tree builder a cached statement.
+
+    The builder takes a :class:`Params` first and the statement's arguments after; ``windows``
+    names the arguments holding regions or boxes (and ``cells``, a range's ``(key, box)``
+    pairs, whose keys are bound too), ``relations`` those naming relations,
+    ``values`` those whose items are values to bind. The text is rendered once per shape and
+    dialect; the values are bound in the order the builder numbered them.
+    """
+
+    def wrap(build: Callable[..., exp.Expression]) -> Callable[..., Statement]:
+        signature = inspect.signature(build)
+
+        @lru_cache(maxsize=1024)
+        def shaped(key: tuple[tuple[str, Any], ...], dialect: str) -> tuple[str, tuple[int, ...]]:
+            params = Params()
+            tree = build(params, **dict(key))
+            text = render(tree, dialect)
+            return text, tuple(params.values)
+
+        @wraps(build)
+        def run(*args: Any, dialect: str = "duckdb", **kwargs: Any) -> Statement:
+            bound = signature.bind(None, *args, **kwargs)
+            bound.apply_defaults()
+            found: list[Any] = []
+            shape, names = [], {}
+            for name, value in list(bound.arguments.items())[1:]:
+                if name == "cells":
+                    value = tuple((_slot(k, found), _abstract(b, found)) for k, b in value)
+                elif name in windows:
+                    value = _abstract(value, found)
+                elif name in values:
+                    value = _slots(value, found)
+                elif name in relations:
+                    names[name] = value
+                    value = _REL.format(name)
+                shape.append((name, _hashable(value)))
+            text, order = shaped(tuple(shape), dialect)
+            for name, rel in names.items():
+                stand_in = relation(_REL.format(name)).sql(dialect=dialect)
+                text = text.replace(stand_in, relation(rel).sql(dialect=dialect))
+            return Statement(text, [found[i] for i in order])
+
+        return run
+
+    return wrap
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _where(tree: exp.Select, condition: exp.Expression | None) -> exp.Select:
+    return tree.where(condition) if condition is not None else tree
+
+
+def _count_if(condition: exp.Expression) -> exp.Expression:
+    return exp.Filter(this=exp.Count(this=exp.Star()), expression=exp.Where(this=condition))
+
+
+def _any_null(cols: Sequence[exp.Expression]) -> exp.Expression:
+    return exp.or_(*[exp.Is(this=c.copy(), expression=exp.Null()) for c in cols])
+
+
+def _none_null(cols: Sequence[exp.Expression]) -> exp.Expression:
+    return exp.and_(*[exp.not_(exp.Is(this=c.copy(), expression=exp.Null())) for c in cols])
+
+
+def _region(params: Params, region: Region, alias: str | None = None) -> exp.Expression:
+    return predicates.region(region, params, alias)
+
+
+def _key_tuple(cols: Sequence[exp.Expression]) -> exp.Expression:
+    return cols[0] if len(cols) == 1 else exp.Tuple(expressions=list(cols))
+
+
+# The staged batch ------------------------------------------------------------------------------
+
+
+@statement(windows=("region",), relations=("source",))
+def batch_profile(
+    params: Params,
+    source: Rel,
+    partition_columns: Sequence[str],
+    region: Region,
+    key: Sequence[str],
+    count_duplicates: bool = True,
+) -> exp.Expression:
+    """One scan of the batch: rows, NULL partition values, stray rows, NULL keys, duplicates.
+
+    Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
+    """
+    zero = exp.Literal.number(0)
+    null_partition, outside, null_key, duplicates = zero, zero, zero, zero
+    if partition_columns:
+        pcs = columns(partition_columns)
+        null_partition = _count_if(_any_null(pcs))
+        if region:
+            outside = _count_if(
+                exp.and_(exp.not_(exp.paren(_any_null(pcs))), exp.not_(_region(params, region)))
+            )
+    if key:
+        kc = columns(key)
+        null_key = _count_if(_any_null(kc))
+        if count_duplicates:
+            # count(DISTINCT) is the costliest part of the scan; skip it where nobody needs it.
+            distinct = exp.Count(this=exp.Distinct(expressions=[_struct(kc)]))
+            duplicates = exp.Sub(this=exp.Count(this=exp.Star()), expression=distinct)
+    return exp.select(
+        exp.Count(this=exp.Star()), null_partition, outside, null_key, duplicates
+    ).from_(relation(source))
+
+
+def _struct(cols: Sequence[exp.Expression]) -> exp.Expression:
+    """One value for a key of several columns (``row(a, b)``), the column itself for one."""
+    if len(cols) == 1:
+        return cols[0]
+    return exp.Anonymous(this="row", expressions=list(cols))
+
+
+@statement(windows=("region",), relations=("source",))
+def stray_rows_sample(
+    params: Params, source: Rel, partition_columns: Sequence[str], region: Region, limit: int = 5
+) -> exp.Expression:
+    """A few rows outside the window (a NULL partition value is not stray), in column order."""
+    pcs = columns(partition_columns)
+    return (
+        exp.select("*")
+        .from_(relation(source))
+        .where(exp.and_(_none_null(pcs), exp.not_(_region(params, region))))
+        .order_by(*[c.copy() for c in pcs])
+        .limit(int(limit))
+    )
+
+
+@statement(relations=("source",))
+def null_sample(
+    params: Params, source: Rel, names: Sequence[str], limit: int = 5
+) -> exp.Expression:
+    """A few rows with NULL in any of ``names``."""
+    return exp.select("*").from_(relation(source)).where(_any_null(columns(names))).limit(limit)
+
+
+@statement(relations=("source",))
+def duplicate_key_sample(
+    params: Params, source: Rel, key: Sequence[str], limit: int = 5
+) -> exp.Expression:
+    """Rows of the first few duplicated keys, grouped together."""
+    kc = columns(key)
+    dupes = (
+        exp.select(*[c.copy() for c in kc])
+        .from_(relation(source))
+        .group_by(*[c.copy() for c in kc])
+        .having(exp.GT(this=exp.Count(this=exp.Star()), expression=exp.Literal.number(1)))
+        .order_by(*[c.copy() for c in kc])
+        .limit(int(limit))
+    )
+    return (
+        exp.select("*")
+        .from_(relation(source))
+        .where(exp.In(this=_key_tuple([c.copy() for c in kc]), query=dupes.subquery()))
+        .order_by(*[c.copy() for c in kc])
+        .limit(int(limit) * 2)
+    )
+
+
+def _partition_case(params: Params, cells: Sequence[Cell], alias: str | None) -> exp.Expression:
+    """A CASE naming the partition each row falls in (NULL outside them all)."""
+    case = exp.Case()
+    for key, b in cells:
+        condition = predicates.box(b, params, alias)
+        case = case.when(condition, params.add(key))
+    return case
+
+
+@statement(windows=("cells",), relations=("source",))
+def count_by_partition(params: Params, source: Rel, cells: Sequence[Cell]) -> exp.Expression:
+    """Rows of ``source`` in each partition: rows of ``(key, count)``, empty ones absent."""
+    case = _partition_case(params, cells, None)
+    inside = _region(params, tuple(b for _, b in cells))
+    return (
+        exp.select(exp.alias_(case, "partition_key", quoted=True), exp.Count(this=exp.Star()))
+        .from_(relation(source))
+        .where(inside)
+        .group_by(exp.Literal.number(1))
+    )
+
+
+@statement(relations=("source",))
+def dedupe(
+    params: Params,
+    source: Rel,
+    key: Sequence[str],
+    order_by: Sequence[str],
+    names: Sequence[str],
+) -> exp.Expression:
     """Keep one row per key: the greatest ``order_by`` wins.
 
     Ties on ``order_by`` are broken by every remaining column, so the winner never depends on
     the order rows arrived in; rows that tie on every column are identical, so any one will do.
     """
     # Sorted, so the winner of an exact tie does not depend on the batch's column order either.
-    rest = sorted(c for c in columns if c not in key and c not in order_by)
-    tie_break = [f"{c} DESC NULLS LAST" for c in quoted_columns(order_by)] + [
-        f"{c} ASC NULLS LAST" for c in quoted_columns(rest)
+    rest = sorted(c for c in names if c not in key and c not in order_by)
+    order = [exp.Ordered(this=c, desc=True, nulls_first=False) for c in columns(order_by)] + [
+        exp.Ordered(this=c, desc=False, nulls_first=False) for c in columns(rest)
     ]
+    rank = exp.Window(
+        this=exp.RowNumber(),
+        partition_by=columns(key),
+        order=exp.Order(expressions=order),
+    )
+    ranked = exp.select(*columns(names), exp.alias_(rank, "idem-rank", quoted=True)).from_(
+        relation(source)
+    )
     return (
-        f"SELECT * FROM {source} QUALIFY row_number() OVER ("
-        f"PARTITION BY {', '.join(quoted_columns(key))} ORDER BY {', '.join(tie_break)}) = 1"
+        exp.select(*columns(names))
+        .from_(ranked.subquery("ranked"))
+        .where(exp.EQ(this=_own("idem-rank"), expression=exp.Literal.number(1)))
     )
 
 
-def batch_profile(
-    source: str,
-    partition_columns: Sequence[str],
-    region: Region,
-    key: Sequence[str],
-    count_duplicates: bool = True,
+def window_predicate(
+    name: str,
+    spans: Sequence[tuple[Bound, Bound]],
+    alias: str | None = None,
+    dialect: str = "duckdb",
 ) -> Statement:
-    """One scan of the batch: rows, NULL partition values, stray rows, NULL keys, duplicates.
+    """``name`` inside any half-open span."""
+    return _condition(Condition(name, spans=tuple(spans)), alias, dialect=dialect)
 
-    Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
+
+@statement(windows=("cond",))
+def _condition(params: Params, cond: Condition, alias: str | None) -> exp.Expression:
+    return predicates.condition(cond, params, alias)
+
+
+# Fingerprints ----------------------------------------------------------------------------------
+
+
+def _row_hash(names: Sequence[str]) -> exp.Expression:
+    """The sum of the rows' hashes, as a 128-bit integer (DuckDB's ``hash`` of every column)."""
+    # Sorted, so a table's column order does not change its fingerprint.
+    hashed = exp.Anonymous(this="hash", expressions=columns(sorted(names)))
+    total = exp.Sum(this=exp.Cast(this=hashed, to=exp.DataType.build("HUGEINT", dialect="duckdb")))
+    return exp.func("coalesce", total, exp.Literal.number(0))
+
+
+@statement(windows=("region",), relations=("target",))
+def fingerprint(
+    params: Params, target: Rel, names: Sequence[str], region: Region = ()
+) -> exp.Expression:
+    """An order-independent fingerprint of the rows: their count and the sum of row hashes.
+
+    A sum (not an XOR) is used so that a doubled row changes the fingerprint.
     """
-    params: list[Any] = []
-    if partition_columns:
-        nulls = " OR ".join(f"{c} IS NULL" for c in quoted_columns(partition_columns))
-        null_partition = f"count(*) FILTER (WHERE {nulls})"
-        if region:
-            pred, params = region_predicate(region)
-            outside = f"count(*) FILTER (WHERE NOT ({nulls}) AND NOT {pred})"
-        else:
-            outside = "0"
-    else:
-        null_partition, outside = "0", "0"
-    if key:
-        kc = quoted_columns(key)
-        null_key = "count(*) FILTER (WHERE " + " OR ".join(f"{c} IS NULL" for c in kc) + ")"
-        tuple_expr = kc[0] if len(kc) == 1 else f"row({', '.join(kc)})"
-        # count(DISTINCT) is the costliest part of the scan; skip it where nobody needs it.
-        duplicates = f"count(*) - count(DISTINCT {tuple_expr})" if count_duplicates else "0"
-    else:
-        null_key, duplicates = "0", "0"
-    sql = f"SELECT count(*), {null_partition}, {outside}, {null_key}, {duplicates} FROM {source}"
-    return sql, params
+    tree = exp.select(exp.Count(this=exp.Star()), _row_hash(names)).from_(relation(target))
+    return _where(tree, _region(params, region) if region else None)
+
+
+@statement(windows=("cells",), relations=("target",))
+def partition_fingerprints(
+    params: Params, target: Rel, names: Sequence[str], cells: Sequence[Cell]
+) -> exp.Expression:
+    """Per-partition count and hash sum in one scan: rows of ``(key, count, hash_sum)``."""
+    case = _partition_case(params, cells, None)
+    inside = _region(params, tuple(b for _, b in cells))
+    return (
+        exp.select(
+            exp.alias_(case, "partition_key", quoted=True),
+            exp.Count(this=exp.Star()),
+            _row_hash(names),
+        )
+        .from_(relation(target))
+        .where(inside)
+        .group_by(exp.Literal.number(1))
+    )
+
+
+# The target ------------------------------------------------------------------------------------
+
+
+@statement(windows=("region",), relations=("target",))
+def count_window(params: Params, target: Rel, region: Region) -> exp.Expression:
+    """Rows currently in the window (the whole table when unpartitioned)."""
+    tree = exp.select(exp.Count(this=exp.Star())).from_(relation(target))
+    return _where(tree, _region(params, region) if region else None)
+
+
+@statement(windows=("region",), relations=("target",))
+def delete_window(params: Params, target: Rel, region: Region) -> exp.Expression:
+    """Delete the window's rows (the overwrite's first half; never touches other partitions)."""
+    return exp.delete(relation(target), where=_region(params, region))
+
+
+@statement(relations=("target",))
+def delete_all(params: Params, target: Rel) -> exp.Expression:
+    """Delete every row: the scope of an unpartitioned asset is its whole table."""
+    return exp.delete(relation(target))
+
+
+def _key_in(
+    params: Params, keys: Rel, key: Sequence[str], ranges: Sequence[tuple[Any, Any]]
+) -> exp.Expression:
+    """Rows of ``t`` whose key ``keys`` holds, first narrowed to each key column's range.
+
+    The range costs a comparison per row and spares the probe for every row outside it: keys
+    handed out in order (ids, times) put a batch's keys in a narrow range, and any key equal to
+    one of the batch lies inside it, so it never drops a match. A semi-join: duplicate keys in
+    ``keys`` cannot multiply the matches.
+    """
+    kc = columns(key, "t")
+    narrow = [
+        exp.Between(this=c.copy(), low=params.add(low), high=params.add(high))
+        for c, (low, high) in zip(kc, ranges, strict=False)
+    ]
+    hit = exp.In(
+        this=_key_tuple([c.copy() for c in kc]),
+        query=exp.select(*columns(key)).from_(relation(keys)).subquery(),
+    )
+    return exp.and_(*narrow, hit) if narrow else hit
+
+
+def _target(target: Rel) -> exp.Table:
+    return relation(target).as_("t", quoted=False)
+
+
+@statement(values=("ranges",), relations=("target", "keys"))
+def delete_matching_keys(
+    params: Params,
+    target: Rel,
+    keys: Rel,
+    key: Sequence[str],
+    ranges: Sequence[tuple[Any, Any]] = (),
+) -> exp.Expression:
+    """Delete target rows whose key ``keys`` holds (the upsert's update half)."""
+    return exp.delete(_target(target), where=_key_in(params, keys, key, _pairs(ranges)))
+
+
+def _pairs(ranges: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """Each key column's ``(low, high)``."""
+    return [(low, high) for low, high in ranges]
+
+
+@statement(windows=("region",), values=("ranges",), relations=("target", "keys"))
+def merge_counts(
+    params: Params,
+    target: Rel,
+    keys: Rel,
+    key: Sequence[str],
+    region: Region,
+    ranges: Sequence[tuple[Any, Any]] = (),
+) -> exp.Expression:
+    """Target rows whose key the batch holds: inside the window, and *outside* it.
+
+    Columns returned: ``matched_in_window, matched_outside_window``.
+    """
+    hit = _key_in(params, keys, key, _pairs(ranges))
+    if not region:
+        return (
+            exp.select(exp.Count(this=exp.Star()), exp.Literal.number(0))
+            .from_(_target(target))
+            .where(hit)
+        )
+    inside = _region(params, region, "t")
+    outside = _region(params, region, "t")
+    return (
+        exp.select(_count_if(inside), _count_if(exp.not_(outside)))
+        .from_(_target(target))
+        .where(hit)
+    )
+
+
+@statement(windows=("cells",), values=("ranges",), relations=("target", "keys"))
+def matched_by_partition(
+    params: Params,
+    target: Rel,
+    keys: Rel,
+    key: Sequence[str],
+    cells: Sequence[Cell],
+    ranges: Sequence[tuple[Any, Any]] = (),
+) -> exp.Expression:
+    """Target rows whose key the batch holds, per partition: rows of ``(key, count)``.
+
+    Rows outside every partition come back under the key NULL.
+    """
+    case = _partition_case(params, cells, "t")
+    hit = _key_in(params, keys, key, _pairs(ranges))
+    return (
+        exp.select(exp.alias_(case, "partition_key", quoted=True), exp.Count(this=exp.Star()))
+        .from_(_target(target))
+        .where(hit)
+        .group_by(exp.Literal.number(1))
+    )
+
+
+@statement(windows=("region",), values=("ranges",), relations=("target", "keys"))
+def keys_outside_window_sample(
+    params: Params,
+    target: Rel,
+    keys: Rel,
+    key: Sequence[str],
+    region: Region,
+    ranges: Sequence[tuple[Any, Any]] = (),
+    limit: int = 5,
+) -> exp.Expression:
+    """Existing rows outside the window whose key the batch also holds."""
+    hit = _key_in(params, keys, key, _pairs(ranges))
+    return (
+        exp.select("t.*")
+        .from_(_target(target))
+        .where(exp.and_(hit, exp.not_(_region(params, region, "t"))))
+        .limit(int(limit))
+    )
+
+
+@statement(windows=("region",), relations=("target",))
+def select_window(
+    params: Params,
+    target: Rel,
+    names: Sequence[str] | None,
+    region: Region,
+    order_by: Sequence[str] = (),
+    nothing: bool = False,
+) -> exp.Expression:
+    """The window's rows (the whole table without one), in ``order_by`` order when given."""
+    selected = columns(names) if names is not None else [exp.Star()]
+    tree = exp.select(*selected).from_(relation(target))
+    if nothing:
+        tree = tree.where(exp.false())
+    elif region:
+        tree = tree.where(_region(params, region))
+    if order_by:
+        tree = tree.order_by(*columns(order_by))
+    return tree
+
+
+@statement(windows=("region",), relations=("target", "keys"))
+def rows_without_keys(
+    params: Params,
+    target: Rel,
+    names: Sequence[str],
+    keys: Rel,
+    key: Sequence[str],
+    region: Region,
+) -> exp.Expression:
+    """The window's rows whose key ``keys`` does not hold: those an upsert keeps."""
+    same = exp.and_(
+        *[
+            exp.EQ(this=k, expression=t)
+            for k, t in zip(columns(key, "k"), columns(key, "t"), strict=True)
+        ]
+    )
+    held = exp.Exists(
+        this=exp.select(exp.Literal.number(1))
+        .from_(relation(keys).as_("k", quoted=False))
+        .where(same)
+    )
+    condition = exp.not_(held)
+    if region:
+        condition = exp.and_(_region(params, region, "t"), condition)
+    return exp.select(*columns(names, "t")).from_(_target(target)).where(condition)
 
 
 def rounded_out_of_window(
-    source: str,
-    column: str,
+    source: Rel,
+    name: str,
     digits: int,
     spans: Sequence[tuple[int, int]],
     aware: bool,
@@ -130,77 +559,42 @@ def rounded_out_of_window(
     Values and ``spans`` are compared as nanoseconds since the epoch (naive values as if UTC,
     as their bounds are), rounded half away from zero. Columns returned: ``batch_value,
     stored_value, rows`` (``rows`` counts them all), the values as text so nanoseconds survive.
+    DuckDB's functions (``epoch_ns``, ``make_timestamp``): the evaluator's dialect only.
     """
-    c = quote(validate_identifier(column, "partition column"))
+    c = column(validate_identifier(name, "partition column")).sql("duckdb")
     ns, step = f"epoch_ns({c})", 10 ** (9 - digits)
     half = step // 2
     stored = (
         f"(CASE WHEN {ns} >= 0 THEN ({ns} + {half}) // {step} * {step}"
         f" ELSE -((-{ns} + {half}) // {step} * {step}) END)"
     )
-    inside, params = span_predicate(ns, spans)
-    stays, stored_params = span_predicate(stored, spans)
+    params: list[Any] = []
+
+    def within(expression: str) -> str:
+        parts = []
+        for start, end in spans:
+            params.extend([start, end])
+            parts.append(f"({expression} >= ${len(params) - 1} AND {expression} < ${len(params)})")
+        return "(" + " OR ".join(parts) + ")"
+
+    inside, stays = within(ns), within(stored)
     # An aware value reads as text in the evaluator's zone: shown from its instant, in UTC.
     zone = " || '+00'" if aware else ""
     shown = (
         f"CAST(make_timestamp({ns} // 1000) AS VARCHAR){zone}" if aware else f"CAST({c} AS VARCHAR)"
     )
-    return (
+    return Statement(
         f"SELECT {shown} AS batch_value,"
         f" CAST(make_timestamp({stored} // 1000) AS VARCHAR){zone} AS stored_value,"
-        f" count(*) OVER () AS rows FROM {source} WHERE {c} IS NOT NULL AND {inside}"
-        f" AND NOT {stays} ORDER BY {c} LIMIT {int(limit)}",
-        params + stored_params,
-    )
-
-
-def stray_rows_sample(
-    source: str, partition_columns: Sequence[str], region: Region, limit: int = 5
-) -> Statement:
-    """A few rows outside the window (a NULL partition value is not stray), in column order."""
-    pred, params = region_predicate(region)
-    pcs = quoted_columns(partition_columns)
-    not_null = " AND ".join(f"{c} IS NOT NULL" for c in pcs)
-    return (
-        f"SELECT * FROM {source} WHERE {not_null} AND NOT {pred}"
-        f" ORDER BY {', '.join(pcs)} LIMIT {int(limit)}",
+        f" count(*) OVER () AS rows FROM {relation(source).sql('duckdb')} WHERE {c} IS NOT NULL"
+        f" AND {inside} AND NOT {stays} ORDER BY {c} LIMIT {int(limit)}",
         params,
     )
 
 
-def null_sample(source: str, columns: Sequence[str], limit: int = 5) -> str:
-    """A few rows with NULL in any of ``columns``."""
-    cond = " OR ".join(f"{c} IS NULL" for c in quoted_columns(columns))
-    return f"SELECT * FROM {source} WHERE {cond} LIMIT {int(limit)}"
+def boxes(cells: Sequence[Cell]) -> Region:
+    """The region a range's cells cover."""
+    return tuple(b for _, b in cells)
 
 
-def duplicate_key_sample(source: str, key: Sequence[str], limit: int = 5) -> str:
-    """Rows of the first few duplicated keys, grouped together."""
-    kc = quoted_columns(key)
-    k = ", ".join(kc)
-    return (
-        f"SELECT * FROM {source} WHERE ({k}) IN ("
-        f"SELECT {k} FROM {source} GROUP BY {k} HAVING count(*) > 1"
-        f" ORDER BY {k} LIMIT {int(limit)})"
-        f" ORDER BY {k} LIMIT {int(limit) * 2}"
-    )
-
-
-def partition_case(cells: Sequence[Cell], alias: str | None = None) -> Statement:
-    """A CASE naming the partition each row falls in (NULL outside them all)."""
-    case, params = [], []
-    for key, box in cells:
-        pred, box_params = box_predicate(box, alias)
-        case.append(f"WHEN {pred} THEN ?")
-        params += [*box_params, key]
-    return f"CASE {' '.join(case)} END", params
-
-
-def count_by_partition(relation: str, cells: Sequence[Cell]) -> Statement:
-    """Rows of ``relation`` in each partition: rows of ``(key, count)``, empty ones absent."""
-    case, params = partition_case(cells)
-    pred, where_params = region_predicate(tuple(box for _, box in cells))
-    return (
-        f"SELECT {case} AS partition_key, count(*) FROM {relation} WHERE {pred} GROUP BY 1",
-        params + where_params,
-    )
+__all__ += ["Box", "Rel", "relation"]

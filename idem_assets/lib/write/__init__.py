@@ -1,0 +1,1 @@
+"""The write path: fit, stage, guard, then one transaction per publish; the engine seam."""

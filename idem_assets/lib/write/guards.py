@@ -5,11 +5,10 @@ evaluator), the target through the counts its backend reports. Each guard raises
 :class:`~idem_assets.lib.errors.IdempotencyError` before anything has changed.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import duckdb
 import pyarrow as pa
 
 from idem_assets.lib.model.errors import (
@@ -22,11 +21,11 @@ from idem_assets.lib.model.errors import (
 )
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.samples import format_sample
-from idem_assets.lib.model.samples import sample_text as sample
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Bound, spans_for
 from idem_assets.lib.sql import statements as batch_sql
-from idem_assets.lib.write.seam import Counts, Scope
+from idem_assets.lib.sql.predicates import Statement
+from idem_assets.lib.write.seam import Capabilities, Counts, Evaluator, Scope, Snapshot, Summary
 
 #: Keys that readers of a Hive-style path (``column=value``) take for NULL: the empty string,
 #: which Delta Lake stores as NULL, and Hive's name for the NULL partition, which Polars, Spark,
@@ -45,26 +44,44 @@ class BatchProfile:
     duplicates: int
 
 
-def profile(conn: duckdb.DuckDBPyConnection, scope: Scope) -> BatchProfile:
+def sample(evaluator: Evaluator, statement: Statement) -> str:
+    """The statement's rows, rendered for an error message."""
+    rows = evaluator.arrow(statement)
+    return format_sample(rows.column_names, list(zip(*rows.to_pydict().values(), strict=True)))
+
+
+def profile(scope: Scope) -> BatchProfile:
     """Count rows, NULL or stray partition values, NULL keys and (for a merge) duplicates."""
-    settings = scope.settings
+    settings, staged = scope.settings, scope.staged
     # Duplicate keys only matter to a merge; with dedupe_order_by they are resolved in the
-    # INSERT itself, so the costly distinct count runs only where it can refuse the batch.
+    # write itself, so the costly distinct count runs only where it can refuse the batch.
     count_duplicates = settings.mode == "merge" and not settings.dedupe_order_by
-    q, p = batch_sql.batch_profile(
-        scope.staged.relation, scope.pcols, scope.region, scope.key, count_duplicates
+    statement = batch_sql.batch_profile(
+        _rel(staged.relation),
+        scope.pcols,
+        scope.region,
+        scope.key,
+        count_duplicates,
+        dialect=staged.evaluator.dialect,
     )
-    found = conn.execute(q, p).fetchall()
+    found = staged.evaluator.rows(statement)
     return BatchProfile(*(found[0] if found else (0,) * 5))
 
 
-def refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: Scope, found: BatchProfile) -> None:
+def _rel(relation: str) -> str:
+    """A staged relation's name as the statements take it (registered names come quoted)."""
+    return relation[1:-1].replace('""', '"') if relation.startswith('"') else relation
+
+
+def refuse_unsafe_rows(scope: Scope, found: BatchProfile) -> None:
     """Refuse NULL or stray partition values, NULL keys and (for a merge) duplicate keys.
 
     Stray rows that only the stored precision moves out of the window are explained by
     :func:`refuse_rounded_out`; call it before this one when ``outside``.
     """
-    source, pcols, key, where = scope.staged.relation, scope.pcols, scope.key, scope.where
+    pcols, key, where = scope.pcols, scope.key, scope.where
+    ev = scope.staged.evaluator
+    source, dialect = _rel(scope.staged.relation), ev.dialect
     rows = found.rows
     named = ", ".join(f"'{c}'" for c in pcols)
     if found.null_partition:
@@ -72,22 +89,23 @@ def refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: Scope, found: Bat
             f"Refused to write {where}: {found.null_partition} of {rows} rows have NULL in"
             f" partition column {named}, so they belong to no partition. Nothing was changed."
             " Fix: drop or date those rows (give them their partition's value) before returning"
-            " the batch. Sample:\n" + sample(conn, batch_sql.null_sample(source, list(pcols)))
+            " the batch. Sample:\n"
+            + sample(ev, batch_sql.null_sample(source, list(pcols), dialect=dialect))
         )
     if found.outside and pcols and scope.window:
-        q, p = batch_sql.stray_rows_sample(source, pcols, scope.region)
+        stray = batch_sql.stray_rows_sample(source, pcols, scope.region, dialect=dialect)
         raise StrayRowsError(
             f"Refused to write {where}: {found.outside} of {rows} rows have {named} outside the"
             f" window {describe_region(scope)}. Writing them"
             " would put rows into another partition (or, for a partition overwrite, wipe it)."
             f" Nothing was changed. Fix: filter the batch to the run's window ({_filter(scope)}),"
-            " or route those rows to their own partition's run. Sample:\n" + sample(conn, q, p)
+            " or route those rows to their own partition's run. Sample:\n" + sample(ev, stray)
         )
     if found.null_key:
         raise NullValueError(
             f"Refused to write {where}: {found.null_key} rows have NULL in key column(s) {key},"
             " so they can never be matched by a rerun. Nothing was changed. Fix: fill or drop"
-            " them. Sample:\n" + sample(conn, batch_sql.null_sample(source, key))
+            " them. Sample:\n" + sample(ev, batch_sql.null_sample(source, key, dialect=dialect))
         )
     if found.duplicates:
         raise DuplicateKeyError(
@@ -96,7 +114,7 @@ def refuse_unsafe_rows(conn: duckdb.DuckDBPyConnection, scope: Scope, found: Bat
             " insert both. Nothing was changed. Fix: deduplicate the batch, or name the"
             " column(s) that pick the winner (the latest wins): metadata={'primary_key': "
             f"{key!r}, 'dedupe_order_by': ['updated_at']}}. Sample:\n"
-            + sample(conn, batch_sql.duplicate_key_sample(source, key))
+            + sample(ev, batch_sql.duplicate_key_sample(source, key, dialect=dialect))
         )
 
 
@@ -112,7 +130,7 @@ _ROUNDED_TO = {
 }
 
 
-def refuse_rounded_out(conn: duckdb.DuckDBPyConnection, scope: Scope, rows: int) -> None:
+def refuse_rounded_out(scope: Scope, rows: int) -> None:
     """Refuse rows inside the window as sent but outside it as stored, rounded.
 
     Driven by the stored precision the backend reports (:attr:`Staged.rounds`): a column that
@@ -122,21 +140,23 @@ def refuse_rounded_out(conn: duckdb.DuckDBPyConnection, scope: Scope, rows: int)
     window, time_column, staged = scope.window, scope.time_column, scope.staged
     if window is None or time_column is None or not window.timed:
         return
-    rounding = next((r for r in staged.rounds if r.stored_name == time_column), None)
+    rounding = next((r for r in scope.fitted.rounds if r.stored_name == time_column), None)
     if rounding is None:
         return
-    stored_type = staged.partition_types[time_column]
+    stored_type = scope.fitted.partition_types[time_column]
+    ev = staged.evaluator
     spans = [(_epoch_ns(a), _epoch_ns(b)) for a, b in spans_for(window, stored_type)]
     aware = pa.types.is_timestamp(stored_type) and stored_type.tz is not None
-    q, p = batch_sql.rounded_out_of_window(
-        staged.sent, rounding.column, rounding.digits, spans, aware
+    found = ev.rows(
+        batch_sql.rounded_out_of_window(
+            _rel(staged.sent), rounding.column, rounding.digits, spans, aware
+        )
     )
-    found = conn.execute(q, p).fetchall()
     if not found:
         return
     unit, floor = _ROUNDED_TO[rounding.digits]
     c = rounding.column
-    batch_type = conn.execute(f"DESCRIBE SELECT {quote(c)} FROM {staged.sent}").fetchall()[0][1]
+    batch_type = ev.rows(f"DESCRIBE SELECT {quote(c)} FROM {staged.sent}")[0][1]
     raise StrayRowsError(
         f"Refused to write {scope.where}: {found[0][2]} of {rows} rows have '{c}' inside the"
         f" window at the batch's precision ({batch_type}) but outside it as stored: the"
@@ -159,9 +179,7 @@ def _epoch_ns(bound: Bound) -> int:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def refuse_erasing(
-    conn: duckdb.DuckDBPyConnection, scope: Scope, rows: int, existing: Counts
-) -> None:
+def refuse_erasing(scope: Scope, rows: int, existing: Counts) -> None:
     """Refuse a batch that would empty a partition holding rows, unless that is declared."""
     settings = scope.settings
     # An upsert without deletes cannot erase anything, so only the replacing writes are guarded.
@@ -172,8 +190,11 @@ def refuse_erasing(
     if scope.cells:
         batch_by_part: dict[str, int] = {}
         if rows:
-            q, p = batch_sql.count_by_partition(scope.staged.relation, scope.cells)
-            batch_by_part = dict(conn.execute(q, p).fetchall())
+            ev = scope.staged.evaluator
+            counted = batch_sql.count_by_partition(
+                _rel(scope.staged.relation), scope.cells, dialect=ev.dialect
+            )
+            batch_by_part = dict(ev.rows(counted))
         emptied = [k for k, _ in scope.cells if existing.get(k) and not batch_by_part.get(k)]
         if emptied:
             raise EmptyBatchError(
@@ -192,15 +213,20 @@ def refuse_erasing(
         )
 
 
-def refuse_keys_elsewhere(
-    scope: Scope, outside_keys: int, existing_sample: str, concurrent: bool = False
-) -> None:
+def refuse_keys_elsewhere(scope: Scope, summary: Summary, concurrent: bool = False) -> None:
     """Refuse a merge whose batch holds keys that live in partitions this run does not own.
 
     ``concurrent``: a writer of another partition committed them while this one ran.
     """
+    outside_keys = summary.elsewhere
     if not outside_keys or not scope.pcols:
         return
+    shown = summary.sample
+    existing_sample = (
+        format_sample(shown.column_names, list(zip(*shown.to_pydict().values(), strict=True)))
+        if shown is not None
+        else ""
+    )
     meanwhile = (
         " (a concurrent run of another partition stored them there while this one ran)"
         if concurrent
@@ -243,13 +269,21 @@ def _filter(scope: Scope) -> str:
     )
 
 
-def refuse_other_owner(
-    settings: WriteSettings, where: str, owner: str, owners: str, handover: str | None = None
-) -> None:
-    """Refuse to write a table another asset wrote first (``owners``: the owners table).
+def refuse_foreign(settings: WriteSettings, where: str, snapshot: Snapshot, engine: str) -> None:
+    """Refuse a table another asset owns, or one nobody owns that the write cannot claim."""
+    if snapshot.owner is not None:
+        refuse_other_owner(settings, where, snapshot.owner, snapshot)
+    elif snapshot.exists and not snapshot.claimable:
+        refuse_unclaimed(settings, where, engine, handover(snapshot, settings))
 
-    ``handover`` is the code that changes the owner where an ``UPDATE`` of ``owners`` does not.
-    """
+
+def handover(snapshot: Snapshot, settings: WriteSettings) -> str:
+    """The snapshot's handover code for ``settings.asset`` (``{asset}`` in it is the asset)."""
+    return snapshot.handover.replace("{asset}", settings.asset)
+
+
+def refuse_other_owner(settings: WriteSettings, where: str, owner: str, snapshot: Snapshot) -> None:
+    """Refuse to write a table another asset wrote first; the snapshot says how to hand it over."""
     if owner == settings.asset:
         return
     target = f"{settings.schema}.{settings.table}"
@@ -270,11 +304,7 @@ def refuse_other_owner(
         f" first; two assets writing one table would replace each other's rows.{by_case}"
         f" Nothing was changed. Fix: give this asset a table of its own: {own_table}. If this"
         f" asset replaces '{owner}' (a renamed asset), hand the table over first: "
-        + (
-            handover
-            or f"UPDATE {owners} SET asset_key = '{settings.asset}' WHERE schema_key ="
-            f" '{settings.schema.lower()}' AND table_key = '{settings.table.lower()}'"
-        )
+        + handover(snapshot, settings)
         + "."
     )
 
@@ -293,11 +323,12 @@ def refuse_unclaimed(settings: WriteSettings, where: str, engine: str, handover:
     )
 
 
-def refuse_removing_appended(
-    scope: Scope, existing: Counts, matched: Counts, engine: str, lift: str
-) -> None:
+def refuse_removing_appended(scope: Scope, summary: Summary, engine: str) -> None:
     """Refuse a write that removes rows from a table that takes only appends."""
-    settings = scope.settings
+    snapshot, settings = scope.snapshot, scope.settings
+    if not snapshot.append_only:
+        return
+    existing, matched, lift = summary.existing, summary.matched, snapshot.lift_append_only
     if settings.mode == "overwrite":
         what = "an overwrite replaces the window's files (even where the window holds no rows)"
     else:
@@ -311,17 +342,19 @@ def refuse_removing_appended(
         )
     raise ConfigurationError(
         f"Refused to write {scope.where}: table {scope.table_name} is append-only"
-        f" (delta.appendOnly), and {engine} refuses every commit that removes a file; {what}."
+        f" ({snapshot.append_only_property}), and {engine} refuses every commit that removes a file; {what}."
         " Nothing was changed. Fix: if the table may have rows replaced, lift the property"
         f" once: {lift}; otherwise write only new keys to it (the merge IO manager, a batch"
         " whose keys the table does not hold)."
     )
 
 
-def refuse_unstorable_keys(
-    scope: Scope, paths: Mapping[tuple[str, object], str], name_limit: int | None, engine: str
-) -> None:
+def refuse_unstorable_keys(scope: Scope, caps: Capabilities) -> None:
     """Refuse a category key readers take for NULL in its path, or too long for a file name."""
+    if caps.key_path is None:
+        return
+    engine, name_limit = caps.engine, scope.snapshot.path_limit
+    paths = key_paths(scope, caps.key_path)
     for (column, key), segment in paths.items():
         if key == "":
             raise ConfigurationError(
@@ -353,3 +386,23 @@ def refuse_unstorable_keys(
                 f" most {name_limit - len(column.encode()) - 1} bytes so written (a code, or a"
                 " hash of the name), and keep the long name in a column of its own."
             )
+
+
+def key_paths(
+    scope: Scope, key_path: Callable[[str, object], str]
+) -> dict[tuple[str, object], str]:
+    """The path segment each ``(column, key)`` of the window's categories is stored under.
+
+    An existing table writes the columns of its layout into paths; a new one, every category
+    column (an engine that writes keys into paths lays its tables out by them).
+    """
+    snapshot = scope.snapshot
+    in_paths = set(snapshot.layout) if snapshot.exists else set(scope.pcols) - {scope.time_column}
+    found: dict[tuple[str, object], str] = {}
+    for box in scope.region:
+        for cond in box:
+            if cond.column not in in_paths:
+                continue
+            for value in cond.values:
+                found[(cond.column, value)] = key_path(cond.column, value)
+    return found

@@ -10,13 +10,14 @@ import random
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
+from idem_assets.lib.backends import registry
 from idem_assets.lib.model.errors import ConcurrentWriteError
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import (
@@ -27,20 +28,24 @@ from idem_assets.lib.model.windows import (
     cells_for,
     region_for,
 )
-from idem_assets.lib.write import guards
+from idem_assets.lib.write import fitting, guards
 from idem_assets.lib.write.runtime_values import check_runtime_values
 from idem_assets.lib.write.schema_fit import refuse_repeated_names
 from idem_assets.lib.write.seam import (
-    AppendOnlyTables,
     Backend,
-    ChecksKeysAtCommit,
+    Capabilities,
     CommitConflict,
     Counts,
-    HandsOver,
-    KeysInPaths,
+    Fitted,
     PartitionColumns,
     Scope,
-    Target,
+    Snapshot,
+    Staged,
+    Summary,
+    TableRef,
+    Transaction,
+    WritePlan,
+    Written,
 )
 
 #: The stages a publish passes, in order; ``on_stage`` is called at each.
@@ -78,27 +83,26 @@ class PublishResult:
     table: str = ""
     #: For a range publish: each partition's own rows, fingerprint and changes.
     per_partition: dict[str, PartitionResult] = field(default_factory=dict)
+    #: What the engine adds once committed (e.g. the version it committed).
+    committed: dict[str, Any] = field(default_factory=dict)
 
 
 def as_backend(store: duckdb.DuckDBPyConnection | Backend) -> Backend:
-    """A backend for ``store``: anything else (a DuckDB connection) gets the DuckDB backend."""
+    """A backend for ``store``: a backend itself, or a connection an engine wraps (DuckDB's)."""
     if isinstance(store, Backend):
         return store
-    if hasattr(store, "engine"):
-        # A backend written against an older protocol would otherwise be taken for a DuckDB
+    if hasattr(store, "capabilities") or hasattr(store, "engine"):
+        # A backend written against another protocol would otherwise be taken for a
         # connection and fail far from the cause.
         missing = [m for m in _BACKEND_MEMBERS if not hasattr(store, m)]
         raise TypeError(
             f"{type(store).__name__} is not a complete idem_assets Backend: it lacks {missing}."
             " Fix: implement them (idem_assets/lib/write/seam.py says what each does)."
         )
-    # Not isinstance(DuckDBPyConnection): wrapped connections (cursors, proxies) count too.
-    return DuckDBBackend(store)  # type: ignore[arg-type]
+    return registry.wrap(store)
 
 
-_BACKEND_MEMBERS = sorted(
-    name for name in vars(Backend) if not name.startswith("_") and callable(vars(Backend)[name])
-)
+_BACKEND_MEMBERS = ["begin", "capabilities", "fingerprint", "load"]
 
 
 def publish(
@@ -113,9 +117,9 @@ def publish(
 ) -> PublishResult:
     """Check ``batch`` against every guard, then replace the window with it in one transaction.
 
-    ``store`` is a DuckDB connection or any :class:`~idem_assets.lib.backends.protocol.Backend`.
-    Raises one of the :class:`~idem_assets.lib.errors.IdempotencyError` subclasses, with the
-    transaction rolled back, when the write would not be safe to rerun.
+    ``store`` is a DuckDB connection or any :class:`~idem_assets.lib.write.seam.Backend`.
+    Raises one of the :class:`~idem_assets.lib.model.errors.IdempotencyError` subclasses, with
+    the transaction rolled back, when the write would not be safe to rerun.
 
     ``on_stage`` is a test hook for fault and crash injection: it is called with
     ``"guards_passed"``, ``"deleted"``, ``"inserted"`` and ``"before_commit"`` as the transaction
@@ -123,21 +127,18 @@ def publish(
     window survives. Production callers leave it unset.
     """
     backend = as_backend(store)
+    caps = backend.capabilities
     now = now or datetime.now(UTC)
     hook = on_stage or STAGE_HOOK.get() or _no_stage
     where = f"asset '{settings.asset}'"
     if window:
         where += f", partition {window.describe()}"
-    refuse_repeated_names(batch.column_names, where, backend.engine)
+    refuse_repeated_names(batch.column_names, where, caps.engine)
     for attempt in range(1, attempts + 1):
         try:
-            with backend.transaction(where):
-                result, scope = _publish_in_transaction(
-                    backend, batch, settings, window, where, now, hook
-                )
-                hook("before_commit")
-                _refuse_keys_stored_meanwhile(backend, scope)
-            return result
+            with backend.begin(where) as tx:
+                result = _publish_in(tx, caps, batch, settings, window, where, now, hook)
+            return replace(result, committed=dict(tx.committed))
         except CommitConflict as exc:
             if attempt == attempts:
                 raise ConcurrentWriteError(_lost_every_commit(where, attempts, exc)) from exc
@@ -161,110 +162,83 @@ def _no_stage(stage: str) -> None:
     pass
 
 
-def _refuse_keys_stored_meanwhile(backend: Backend, scope: Scope) -> None:
-    """Refuse a merge whose keys a concurrent writer stored in another partition meanwhile."""
-    if scope.settings.mode != "merge" or not scope.pcols:
-        return
-    if not isinstance(backend, ChecksKeysAtCommit):
-        return
-    elsewhere = backend.keys_elsewhere_at_commit(scope)
-    if elsewhere:
-        sample = backend.keys_elsewhere_sample(scope)
-        guards.refuse_keys_elsewhere(scope, elsewhere, sample, concurrent=True)
-
-
-def _publish_in_transaction(
-    backend: Backend,
+def _publish_in(
+    tx: Transaction,
+    caps: Capabilities,
     batch: pa.Table,
     settings: WriteSettings,
     window: WriteWindow | None,
     where: str,
     now: datetime,
     on_stage: Callable[[str], None],
-) -> tuple[PublishResult, Scope]:
-    target = backend.describe(settings)
-    handover = backend.handover_text(settings) if isinstance(backend, HandsOver) else None
-    if target.owner is not None:
-        guards.refuse_other_owner(settings, where, target.owner, backend.owners_text(), handover)
-    elif target.exists and not target.claimable:
-        guards.refuse_unclaimed(settings, where, backend.engine, handover or "")
-    scope = _scope(backend, batch, settings, window, where, target)
-    if isinstance(backend, KeysInPaths):
-        paths = backend.key_paths(scope)
-        guards.refuse_unstorable_keys(scope, paths, backend.name_limit, backend.engine)
-    evaluator = backend.evaluator()
-    found = guards.profile(evaluator, scope)
+) -> PublishResult:
+    """Every step of one attempt, in the contract's order; the caller's ``with`` commits."""
+    snapshot = tx.describe(settings)
+    guards.refuse_foreign(settings, where, snapshot, caps.engine)
+    fitted = fitting.fit(batch, settings, where, snapshot, caps)
+    staged = tx.stage(batch, fitted)
+    scope = _scope(fitted, staged, snapshot, window, where)
+    guards.refuse_unstorable_keys(scope, caps)
+    found = guards.profile(scope)
     if found.outside:
-        guards.refuse_rounded_out(evaluator, scope, found.rows)
-    guards.refuse_unsafe_rows(evaluator, scope, found)
+        guards.refuse_rounded_out(scope, found.rows)
+    guards.refuse_unsafe_rows(scope, found)
     check_runtime_values(batch, settings, window, now)
-    existing = backend.count_window(scope)
-    guards.refuse_erasing(evaluator, scope, found.rows, existing)
-    matched, elsewhere = backend.count_keys(scope)
-    if elsewhere and scope.pcols:
-        guards.refuse_keys_elsewhere(scope, elsewhere, backend.keys_elsewhere_sample(scope))
-    if target.append_only and isinstance(backend, AppendOnlyTables):
-        lift = backend.lift_append_only_text(settings)
-        guards.refuse_removing_appended(scope, existing, matched, backend.engine, lift)
+    summary = tx.summarize(scope)
+    guards.refuse_erasing(scope, found.rows, summary.existing)
+    guards.refuse_keys_elsewhere(scope, summary)
+    guards.refuse_removing_appended(scope, summary, caps.engine)
 
     on_stage("guards_passed")
-    if target.owner is None:
-        backend.claim(settings)
-    if scope.staged.changes:
-        backend.evolve(scope.settings, scope.staged.changes)
-    if scope.settings.mode == "merge":
-        written = backend.merge(scope, on_stage)
-    else:
-        written = backend.replace(scope, on_stage)
+    plan = WritePlan(scope, create=not snapshot.exists, claim=snapshot.owner is None)
+    written = tx.write(plan, on_stage)
+    if written.owner is not None:
+        # A concurrent first writer of another asset may have claimed the table meanwhile.
+        guards.refuse_other_owner(settings, where, written.owner, snapshot)
     on_stage("inserted")
-    updated = sum(matched.values())
-    replaced = scope.settings.mode == "overwrite" or scope.settings.delete_missing
-    deleted = sum(existing.values()) - updated if replaced else 0
-    return _result(backend, scope, written - updated, updated, deleted, existing, matched), scope
+    on_stage("before_commit")
+    if caps.recheck_keys_at_commit and scope.settings.mode == "merge" and scope.pcols:
+        guards.refuse_keys_elsewhere(scope, tx.summarize(scope, final=True), concurrent=True)
+    return _result(scope, summary, written)
 
 
 def _scope(
-    backend: Backend,
-    batch: pa.Table,
-    settings: WriteSettings,
+    fitted: Fitted,
+    staged: Staged,
+    snapshot: Snapshot,
     window: WriteWindow | None,
     where: str,
-    target: Target,
 ) -> Scope:
-    """Stage the batch and work out the window's bounds in the stored partition column's type."""
-    staged = backend.stage(batch, settings, where)
-    spelt = staged.settings
+    """The window's bounds in the stored partition columns' types."""
+    spelt = fitted.settings
     pcols: tuple[str, ...] = ()
     region: Region = ()
     cells: list[Cell] = []
     if window is not None and spelt.partition_columns:
-        types = staged.partition_types
+        types = fitted.partition_types
         pcols = spelt.partition_names
         region = region_for(window, spelt.partition_columns, types)
         cells = cells_for(window, spelt.partition_columns, types)
     return Scope(
-        settings=spelt,
+        fitted=fitted,
+        staged=staged,
+        snapshot=snapshot,
         window=window,
         where=where,
-        staged=staged,
-        table_exists=target.exists,
         pcols=pcols,
         region=region,
         cells=cells,
     )
 
 
-def _result(
-    backend: Backend,
-    scope: Scope,
-    inserted: int,
-    updated: int,
-    deleted: int,
-    existing: Counts,
-    matched: Counts,
-) -> PublishResult:
-    """Fingerprint what the window holds now, per partition for a range."""
-    found = backend.fingerprints(scope)
+def _result(scope: Scope, summary: Summary, written: Written) -> PublishResult:
+    """What the window holds now and what changed, per partition for a range."""
+    existing, matched, found = summary.existing, summary.matched, written.fingerprints
+    settings = scope.settings
+    updated = sum(matched.values())
+    replaced = settings.mode == "overwrite" or settings.delete_missing
+    deleted = sum(existing.values()) - updated if replaced else 0
+    inserted = written.rows - updated
     per_partition: dict[str, PartitionResult] = {}
     if scope.cells and scope.window:
         per_partition = {
@@ -321,5 +295,5 @@ def table_fingerprint(
 
     ``partition_columns`` is the asset's ``partition_expr``: a column, or a dict per dimension.
     """
-    found = as_backend(store).fingerprint_table(schema, table, partition_columns, window)
+    found = as_backend(store).fingerprint(TableRef(schema, table), partition_columns, window)
     return None if found is None else digest(*found)

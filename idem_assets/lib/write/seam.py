@@ -1,23 +1,31 @@
-"""What an engine must provide so the engine-neutral publish can replace a window in it.
+"""The seam between the engine-neutral publish and an engine: data in, data out.
 
-The guards (:mod:`idem_assets.lib.write.guards`) decide every refusal on the staged Arrow batch and on
-the small summaries a backend reads from its target; the backend only stages, counts, writes,
-fingerprints and loads. A new engine is one module implementing :class:`Backend`, plus its
-factory in ``tests/conformance/conftest.py``.
+A backend opens one transaction per publish (:meth:`Backend.begin`); the :class:`Transaction` it
+yields reads the target once (:meth:`~Transaction.describe` -> :class:`Snapshot`), stages the
+batch as it will be stored (:meth:`~Transaction.stage` -> :class:`Staged`), counts what the
+window holds (:meth:`~Transaction.summarize` -> :class:`Summary`) and executes the write plan it
+is handed (:meth:`~Transaction.write` -> :class:`Written`). Each step takes the one before's
+result, so the order is the types'. What differs between engines is declared once as
+:class:`Capabilities`; every refusal is the guards' (:mod:`idem_assets.lib.write.guards`),
+decided on that data, so no backend refuses anything and none imports the guards.
+
+Adding an engine is a folder under ``idem_assets/lib/backends/`` implementing these two
+protocols, its factory in ``tests/conformance/conftest.py`` and its docs page
+(docs/architecture.md says how).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-import duckdb
 import pandas as pd
 import pyarrow as pa
 
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Cell, Region, WriteWindow
-from idem_assets.lib.write.schema_fit import SchemaChange
+from idem_assets.lib.sql.predicates import Statement
+from idem_assets.lib.write.schema_fit import ColumnFit, SchemaChange, TypeDialect
 
 #: ``(dimension, column)`` pairs, or one column name (a one-dimensional ``partition_expr``).
 PartitionColumns = Sequence[tuple[str, str]] | str | None
@@ -25,19 +33,82 @@ PartitionColumns = Sequence[tuple[str, str]] | str | None
 #: Per-partition counts of a range, or the whole window's under the key ``None``.
 Counts = dict[str | None, int]
 
+#: Count and hash sum of rows, per partition of a range (the whole window under ``None``).
+Fingerprints = dict[str | None, tuple[int, int]]
+
 
 @dataclass(frozen=True)
-class Target:
-    """What a publish needs to know of its table before it changes anything."""
+class TableRef:
+    """A table by schema and name, as the asset's settings resolve them."""
 
-    exists: bool
+    schema: str
+    table: str
+
+    @property
+    def name(self) -> str:
+        """``schema.table`` for messages."""
+        return f"{self.schema}.{self.table}"
+
+    @classmethod
+    def of(cls, settings: WriteSettings) -> "TableRef":
+        """The table an asset's settings name."""
+        return cls(settings.schema, settings.table)
+
+
+@dataclass(frozen=True)
+class StoredColumn:
+    """One column of a stored table, as the engine reports it."""
+
+    #: Its values as Arrow; ``None`` for a type the engine cannot read or write as Arrow.
+    type: pa.DataType | None
+    #: The engine's own spelling of its type, for messages and migrations.
+    sql: str
+    #: The fractional second digits a timestamp column keeps, when fewer than its Arrow unit's
+    #: (PostgreSQL's ``timestamp(0)``): the engine rounds finer values to them.
+    digits: int | None = None
+    #: The most characters a text column holds (``varchar(n)``), ``None`` without a limit.
+    length: int | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The target as one publish read it, before it changes anything."""
+
+    table: TableRef
+    #: The table's columns in storage order; ``None`` when there is no table yet.
+    columns: Mapping[str, StoredColumn] | None
     #: The asset recorded as the table's writer, or ``None`` when none claimed it yet.
-    owner: str | None
+    owner: str | None = None
     #: Whether a publish can record its asset as the owner in the commit that writes its rows;
     #: a table nobody owns that cannot be claimed so must be handed over first.
     claimable: bool = True
-    #: Whether the table refuses every commit that removes rows (Delta's ``delta.appendOnly``).
+    #: Code (or SQL) that records another asset as the table's owner, for the refusal's fix.
+    handover: str = ""
+    #: Whether the table refuses every commit that removes rows, and the code that lifts it.
     append_only: bool = False
+    lift_append_only: str = ""
+    #: The longest path segment the table's storage takes, where keys are written into paths.
+    path_limit: int | None = None
+    #: The columns the table's storage lays its files out by (Delta's partition columns).
+    layout: tuple[str, ...] = ()
+    #: For a ``numeric`` column of no precision: digits its values need (schema_fit's advice).
+    numeric_digits: Mapping[str, Any] = field(default_factory=dict)
+    #: The type dialect of this table, where its migrations name it (Delta Lake's URI);
+    #: ``None``: the engine's own (:attr:`Capabilities.types`).
+    types_dialect: TypeDialect | None = None
+    #: The table property that makes it append-only, for the refusal's message.
+    append_only_property: str = ""
+
+    @property
+    def exists(self) -> bool:
+        """Whether there is a table yet."""
+        return self.columns is not None
+
+    def types(self) -> dict[str, pa.DataType] | None:
+        """The readable columns' Arrow types (``None`` without a table)."""
+        if self.columns is None:
+            return None
+        return {n: c.type for n, c in self.columns.items() if c.type is not None}
 
 
 @dataclass(frozen=True)
@@ -58,41 +129,78 @@ class Rounding:
 
 
 @dataclass(frozen=True)
-class Staged:
-    """The batch as it will be stored: the target's column names and types."""
+class Fitted:
+    """The batch fitted to its table (names, types, changes): what the engine stages."""
 
-    #: The name under which the backend's evaluator reads the staged rows: the batch cast to
-    #: the stored types with the engine's rounding, so the guards judge the stored values.
-    relation: str
     #: The settings with every column name spelt as the table spells it.
     settings: WriteSettings
-    #: Each stored partition column's type (window bounds and values depend on them).
-    partition_types: dict[str, pa.DataType]
-    #: The schema changes the asset opted into that this batch needs (``schema_fit``); the
-    #: relation is already cast to the changed types, the table is changed by ``evolve``.
-    changes: tuple[SchemaChange, ...] = ()
-    #: The columns stored rounded to fewer digits (the relation holds the rounded values) ...
-    rounds: tuple[Rounding, ...] = ()
-    #: ... and the batch as sent, under the name the evaluator reads it by ("" without any).
+    columns: tuple[ColumnFit, ...]
+    #: The schema changes the asset opted into that this batch needs; the write makes them.
+    changes: tuple[SchemaChange, ...]
+    #: Columns the engine stores rounded to fewer digits (the guards refuse a crossed bound).
+    rounds: tuple[Rounding, ...]
+    #: The stored columns in the order the table holds them once changed (added ones last).
+    order: tuple[str, ...]
+
+    @property
+    def partition_types(self) -> dict[str, pa.DataType]:
+        """Each stored partition column's type (window bounds and values depend on them)."""
+        types = {c.stored_name: c.stored_type for c in self.columns}
+        return {c: types[c] for c in self.settings.partition_names}
+
+
+class Evaluator(Protocol):
+    """Where the guards read the staged batch: SQL in one dialect, rows or Arrow out."""
+
+    #: The sqlglot dialect its statements are rendered in.
+    dialect: str
+
+    def rows(self, statement: Statement | str) -> list[tuple[Any, ...]]:
+        """Run ``statement`` and fetch every row."""
+        ...
+
+    def arrow(self, statement: Statement | str) -> pa.Table:
+        """Run ``statement`` and fetch its rows as Arrow."""
+        ...
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The batch as it will be stored, where the evaluator reads it."""
+
+    #: The relation the evaluator reads the staged rows by (stored names, types, rounding).
+    relation: str
+    evaluator: Evaluator
+    #: The batch as sent, under the name the evaluator reads it by ("" without any rounding).
     sent: str = ""
 
 
 @dataclass(frozen=True)
 class Scope:
-    """What one publish writes: the staged batch, the target and the window's bounds."""
+    """What one publish writes: the fitted and staged batch, the target and the window."""
 
-    settings: WriteSettings
+    fitted: Fitted
+    staged: Staged
+    snapshot: Snapshot
     window: WriteWindow | None
     #: "asset 'x', partition D", for messages.
     where: str
-    staged: Staged
-    table_exists: bool
     #: The partition columns as stored, time first; empty without a window.
     pcols: tuple[str, ...]
     #: The window as rows of those columns (empty without a window).
     region: Region
     #: A range's partitions with their boxes; empty for one partition or none.
     cells: list[Cell]
+
+    @property
+    def settings(self) -> WriteSettings:
+        """The asset's settings, spelt as stored."""
+        return self.fitted.settings
+
+    @property
+    def table_exists(self) -> bool:
+        """Whether the table existed when the publish read it."""
+        return self.snapshot.exists
 
     @property
     def time_column(self) -> str | None:
@@ -107,142 +215,140 @@ class Scope:
     @property
     def table_name(self) -> str:
         """``schema.table`` for messages and metadata."""
-        return f"{self.settings.schema}.{self.settings.table}"
+        return self.snapshot.table.name
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the window holds now, counted in the publish's transaction."""
+
+    #: Rows the window holds, per partition of a range.
+    existing: Counts = field(default_factory=dict)
+    #: For a merge: the window's rows whose key the batch holds, per partition of a range.
+    matched: Counts = field(default_factory=dict)
+    #: For a merge: rows outside the window whose key the batch holds, and a few of them.
+    elsewhere: int = 0
+    sample: pa.Table | None = None
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What the write does, decided by the publish once every guard has passed."""
+
+    scope: Scope
+    #: Whether there is no table yet: the write creates it (partitioned as the engine lays out).
+    create: bool
+    #: Whether the write records the asset as the table's owner (in the same commit).
+    claim: bool
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the write did, before the commit."""
+
+    #: Rows written: the batch's, after deduplication for a merge.
+    rows: int
+    #: The window as the write leaves it, per partition of a range.
+    fingerprints: Fingerprints
+    #: The owner recorded once the write claimed the table (a concurrent claim may have won).
+    owner: str | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine does differently, declared once; the publish and the guards read it."""
+
+    #: The engine's name, for messages ("DuckDB", "Postgres", "Delta Lake").
+    engine: str
+    #: How the engine stores types and spells them (schema_fit's decisions).
+    types: TypeDialect
+    #: "transaction": one transaction, rolled back on any error. "optimistic": one commit that
+    #: can lose to a concurrent writer (CommitConflict), after which the publish starts over.
+    commit: Literal["transaction", "optimistic"] = "transaction"
+    #: How the engine stores a timestamp finer than its column keeps: "round" (its cast, to the
+    #: column's digits: the guards refuse a value so moved past a window bound) or "floor" (the
+    #: staged batch is floored in Arrow, which never crosses a bound).
+    timestamps: Literal["round", "floor"] = "floor"
+    #: Schema changes the write can make in the publish's own commit.
+    schema_changes: frozenset[str] = frozenset({"add_column", "widen_type"})
+    #: Whether text may hold NUL (PostgreSQL's text cannot).
+    text_holds_nul: bool = True
+    #: The longest identifier in bytes the engine keeps whole (PostgreSQL cuts at 63).
+    max_name_bytes: int | None = None
+    #: Where category keys become path segments (Hive-style ``column=value``), the segment a
+    #: key is stored under; the guards refuse keys readers interpret and names too long.
+    key_path: Callable[[str, object], str] | None = None
+    #: Whether a merge's keys must be counted again under a lock right before the commit, as
+    #: READ COMMITTED hides another partition's uncommitted keys (PostgreSQL).
+    recheck_keys_at_commit: bool = False
+
+
+@runtime_checkable
+class Transaction(Protocol):
+    """One publish's transaction (or held-back commit); it commits when its ``with`` ends."""
+
+    #: What the engine adds to the publish's metadata once committed (e.g. its version).
+    committed: dict[str, Any]
+
+    def describe(self, settings: WriteSettings) -> Snapshot:
+        """The target's columns, owner and state, read once; later reads use this snapshot."""
+        ...
+
+    def stage(self, batch: pa.Table, fitted: Fitted) -> Staged:
+        """The batch as stored (names, types, the engine's rounding), for the guards to read."""
+        ...
+
+    def summarize(self, scope: Scope, final: bool = False) -> Summary:
+        """The window's counts (and, for a merge, its keys') once this writer holds the window.
+
+        ``final``: the merge's keys living elsewhere counted again right before the commit,
+        for engines that declare ``recheck_keys_at_commit``.
+        """
+        ...
+
+    def write(self, plan: WritePlan, on_stage: Callable[[str], None]) -> Written:
+        """Create, claim, change the schema, then replace or merge the window; nothing commits."""
+        ...
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """An engine the idempotent publish can write to; every method runs in its transaction."""
+    """An engine the idempotent publish can write to and the IO managers read from."""
 
-    #: The engine's name, for messages ("DuckDB", "Postgres").
-    engine: str
+    capabilities: ClassVar[Capabilities]
 
-    def transaction(self, where: str) -> AbstractContextManager[None]:
+    def begin(self, where: str) -> AbstractContextManager[Transaction]:
         """One transaction: commit when the body returns, roll back when it raises."""
         ...
 
-    def evaluator(self) -> duckdb.DuckDBPyConnection:
-        """The DuckDB connection the guards run their batch queries in (Arrow in, counts out)."""
-        ...
-
-    def describe(self, settings: WriteSettings) -> Target:
-        """Whether the table exists and which asset owns it."""
-        ...
-
-    def stage(self, batch: pa.Table, settings: WriteSettings, where: str) -> Staged:
-        """Cast the batch to the stored names and types (the engine's rounding), or refuse it."""
-        ...
-
-    def column_types(self, settings: WriteSettings) -> dict[str, pa.DataType] | None:
-        """The table's columns as Arrow types, or ``None`` when there is no table."""
-        ...
-
-    def evolve(self, settings: WriteSettings, changes: Sequence[SchemaChange]) -> None:
-        """Add the columns and widen the types of ``changes``, inside the publish transaction."""
-        ...
-
-    def count_window(self, scope: Scope) -> Counts:
-        """Rows the window holds now, per partition for a range."""
-        ...
-
-    def count_keys(self, scope: Scope) -> tuple[Counts, int]:
-        """Target rows whose key the batch holds: in the window (per partition), and elsewhere."""
-        ...
-
-    def keys_elsewhere_sample(self, scope: Scope) -> str:
-        """A few target rows outside the window whose key the batch holds, as text."""
-        ...
-
-    def claim(self, settings: WriteSettings) -> None:
-        """Record the asset as the table's owner."""
-        ...
-
-    def owners_text(self) -> str:
-        """The owners table's name as a statement on this engine spells it."""
-        ...
-
-    def replace(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
-        """Delete the window (or the whole table), then insert the batch; returns rows written."""
-        ...
-
-    def merge(self, scope: Scope, on_stage: Callable[[str], None]) -> int:
-        """Delete the batch's keys (the window's stale rows too with delete_missing), insert."""
-        ...
-
-    def fingerprints(self, scope: Scope) -> dict[str | None, tuple[int, int]]:
-        """Count and hash sum of the window as stored now, per partition for a range."""
-        ...
-
-    def fingerprint_table(
-        self,
-        schema: str,
-        table: str,
-        partition_columns: PartitionColumns,
-        window: WriteWindow | None,
+    def fingerprint(
+        self, table: TableRef, partition_columns: PartitionColumns, window: WriteWindow | None
     ) -> tuple[int, int] | None:
         """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
         ...
 
     def load(
-        self, settings: WriteSettings, window: WriteWindow | None, nothing: bool, arrow: bool
-    ) -> pa.Table | pd.DataFrame:
-        """The window's rows (none when ``nothing``; the table without a window), in order."""
+        self,
+        settings: WriteSettings,
+        window: WriteWindow | None,
+        nothing: bool = False,
+        arrow: bool = True,
+    ) -> pa.Table | pd.DataFrame | None:
+        """The window's rows in partition order (every row without a window); ``None``: no table.
+
+        ``nothing``: the table's columns and no row (a mapping to no upstream partition).
+        ``arrow`` False: a pandas DataFrame, as the engine's own driver converts it.
+        """
         ...
 
 
 class CommitConflict(Exception):
     """A concurrent writer changed the table under this publish; nothing of it was stored.
 
-    Raised by :meth:`Backend.transaction` of engines that commit optimistically (Delta Lake),
-    and by a backend that finds, once it holds the table, that a concurrent writer created or
-    altered it after it was described (PostgreSQL): the publish starts over on the table as it
-    is now, a bounded number of times.
+    Raised by an optimistic engine's commit that lost, and by a backend that finds, once it
+    holds the table, that a concurrent writer created or altered it after it was described:
+    the publish starts over on the table as it is now, a bounded number of times.
     """
-
-
-@runtime_checkable
-class ChecksKeysAtCommit(Protocol):
-    """A backend whose merges could miss a concurrent writer's uncommitted keys.
-
-    Under READ COMMITTED two merges of different partitions each count the keys living
-    elsewhere without seeing the other's; both would store a shared new key. Such a backend
-    counts them again right before its commit, under a lock every merge of the table holds
-    from that count to its commit, so the later of two such writers sees the earlier's keys.
-    """
-
-    def keys_elsewhere_at_commit(self, scope: Scope) -> int:
-        """Target rows outside the window whose key the batch holds, counted under that lock."""
-        ...
-
-
-@runtime_checkable
-class HandsOver(Protocol):
-    """A backend whose owner record is not an owners table that an ``UPDATE`` changes."""
-
-    def handover_text(self, settings: WriteSettings) -> str:
-        """Code that records ``settings.asset`` as the owner of its table."""
-        ...
-
-
-@runtime_checkable
-class AppendOnlyTables(Protocol):
-    """A backend whose tables can refuse removals (:attr:`Target.append_only`)."""
-
-    def lift_append_only_text(self, settings: WriteSettings) -> str:
-        """Code that lets ``settings.table`` take commits that remove rows."""
-        ...
-
-
-@runtime_checkable
-class KeysInPaths(Protocol):
-    """A backend that stores category keys in file paths (Hive-style ``column=value``)."""
-
-    #: The longest file name the storage takes, in bytes; ``None`` where it sets no limit.
-    name_limit: int | None
-
-    def key_paths(self, scope: Scope) -> dict[tuple[str, object], str]:
-        """The path segment each ``(column, key)`` of the window's categories is stored under."""
-        ...
 
 
 def no_stage(stage: str) -> None:

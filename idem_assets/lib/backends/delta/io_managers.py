@@ -2,14 +2,13 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
 from idem_assets.lib.backends.delta.backend import DeltaBackend
 from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
 from idem_assets.lib.model.settings import WriteMode
-from idem_assets.lib.write.seam import Backend
 
 
 class _DeltaIOManager(IdempotentIOManager):
@@ -40,12 +39,6 @@ class _DeltaIOManager(IdempotentIOManager):
 
     def _location(self) -> str:
         return self.root
-
-    def _written_metadata(self, backend: Backend) -> dict[str, Any]:
-        """The Delta version the publish committed, to time-travel to exactly what it wrote."""
-        if not isinstance(backend, DeltaBackend) or backend.version is None:
-            return {}
-        return {"delta_version": backend.version, "delta_table_uri": backend.committed_uri}
 
 
 class DeltaOverwriteIOManager(_DeltaIOManager):

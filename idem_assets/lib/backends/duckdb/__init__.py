@@ -8,3 +8,6 @@ EXPORTS = {
 }
 #: DuckDB is a core dependency: no extra installs it.
 EXTRA = None
+#: Connections this engine wraps when one is passed to ``ia.publish``: a DuckDB connection, a
+#: cursor, or anything else no engine claims (a proxy of a DuckDB connection).
+WRAPS = {"_duckdb": "backend:DuckDBBackend", "*": "backend:DuckDBBackend"}

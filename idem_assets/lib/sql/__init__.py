@@ -1,0 +1,1 @@
+"""One region -> predicate builder and every statement, rendered per dialect (sqlglot)."""
