@@ -33,8 +33,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from idem_assets.lib.content import content_fingerprint
 from idem_assets.lib.errors import ConfigurationError
-from idem_assets.lib.outbox import DeliveryRecord, Outbox, content_fingerprint
+from idem_assets.lib.outbox import DeliveryRecord, Outbox
 from idem_assets.lib.publish import PUBLISH_STAGES, STAGE_HOOK
 from idem_assets.lib.samples import format_sample
 from idem_assets.lib.windows import Box, as_pairs, cells_for, window_from_keys

@@ -55,3 +55,7 @@ class BlockingCheckError(IdempotencyError):
 
 class ConcurrentWriteError(IdempotencyError):
     """Every attempt's commit lost to a concurrent writer of the same window."""
+
+
+class OutboxError(IdempotencyError):
+    """The outbox cannot read or write its ledger (gone, corrupt, locked or read-only)."""
