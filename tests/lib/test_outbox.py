@@ -4,19 +4,16 @@ The receiver is a real HTTP server on 127.0.0.1 that records every request it ge
 repeated action shows as a second request, whatever the ledger says.
 """
 
-import json
 import os
 import re
 import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +24,7 @@ import pytest
 from pydantic import Field
 
 import idem_assets as ia
-from tests.helpers import range_tags
+from tests.helpers import Receiver, http_receiver, range_tags
 
 from .outbox_worker import ACTION, notify, resources, summary
 
@@ -36,53 +33,11 @@ DAY = "2026-01-02"
 RANGE_TAGS = range_tags("2026-01-01", "2026-01-03")
 
 
-@dataclass
-class Receiver:
-    """Every request the endpoint got; it answers 500 to the next ``fail_next`` of them."""
-
-    url: str
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    fail_next: int = 0
-
-    def keys(self) -> list[str]:
-        """The Idempotency-Key of every request, in arrival order."""
-        return [r["key"] for r in self.requests]
-
-    def deduplicated(self) -> dict[str, Any]:
-        """What a receiver that drops repeated keys keeps: one body per key."""
-        return {r["key"]: r["body"] for r in self.requests}
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     """An HTTP endpoint on 127.0.0.1 that records each POST."""
-    state = Receiver(url="")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            state.requests.append(
-                {
-                    "key": self.headers["Idempotency-Key"],
-                    "supersedes": self.headers.get("Supersedes"),
-                    "body": body,
-                }
-            )
-            failing = state.fail_next > 0
-            state.fail_next -= failing
-            self.send_response(500 if failing else 200)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_port}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield state
-    server.shutdown()
-    server.server_close()
+    with http_receiver() as state:
+        yield state
 
 
 @pytest.fixture
