@@ -213,6 +213,8 @@ def assert_rerun_safe(
         )
         checked: list[Property] = []
         skipped: dict[str, str] = {}
+        if "hash_seed" in properties:
+            kit.start_fresh_process()
         for prop in PROPERTIES:
             if prop not in properties:
                 continue
@@ -257,7 +259,8 @@ def assert_hash_seed_invariant(assets: Sequence[Any], **kwargs: Any) -> RerunSaf
     """Repeat the runs in a fresh Python process under another hash seed; the rows must not change.
 
     The fresh process imports the assets by name, so each must be a module-level name (or in a
-    module-level list), and the resources must be picklable.
+    module-level list), and rebuilds each resource from its class (a module-level name) and
+    config.
     """
     report = assert_rerun_safe(assets, properties=["hash_seed"], **kwargs)
     if report.skipped:
@@ -292,7 +295,7 @@ class _State:
     run_resources: dict[str, Any]
     instance: dg.DagsterInstance
     clock: datetime
-    #: The timezone its runs happen in (``None``: the process's own).
+    #: The timezone its runs happen in (``None``: UTC, which each clock's travel sets).
     timezone: str | None = None
     #: What its runs' own code did outside the IO managers and the outbox.
     effects: list[SideEffect] = field(default_factory=list)
@@ -342,6 +345,8 @@ class _Kit:
         self.unreversed: list[str] = []
         #: When the last run ended, by the real clock.
         self._last_run_end = 0.0
+        #: The hash_seed trial's process once started, or why it cannot start.
+        self._fresh: _Started | str | None = None
         self._baseline: tuple[_State, Snapshot] | None = None
         self._chunked: tuple[_State, Snapshot] | None = None
 
@@ -351,6 +356,10 @@ class _Kit:
     def __exit__(self, *exc: object) -> None:
         for state in self.states:
             state.instance.dispose()
+        # A property that failed first leaves the fresh process nobody waits for.
+        if isinstance(self._fresh, _Started) and self._fresh.process.poll() is None:
+            self._fresh.process.kill()
+            self._fresh.process.wait()
 
     # --- states and runs -------------------------------------------------------------------
 
@@ -611,18 +620,19 @@ class _Kit:
         _assert_no_new_deliveries(deliveries, _outbox_records(state))
         _assert_no_repeated_side_effects(files, state.effects[done:])
 
-    def fresh_process(self, base: Snapshot) -> str | None:
-        """The baseline's runs in a new interpreter under another ``PYTHONHASHSEED``.
+    def start_fresh_process(self) -> None:
+        """Start the ``hash_seed`` trial's interpreter, to run while this process runs the others.
 
-        Returns why it could not start, or ``None`` once it compared.
+        Its runs are the baseline's, in a directory of their own, so nothing here waits for it
+        until :meth:`fresh_process` compares.
         """
         references, why_not = _references(self.assets)
         if why_not:
-            return why_not
+            self._fresh = why_not
+            return
         name = "hash_seed"
         directory = self.workdir / name
         directory.mkdir(parents=True, exist_ok=False)
-        seed = _another_seed()
         spec = _FreshProcess(
             references=references,
             keys=list(self.keys),
@@ -636,35 +646,48 @@ class _Kit:
             payload = pickle.dumps((spec, portable))
             pickle.loads(payload)
         except Exception as exc:
-            return (
+            self._fresh = (
                 f"its resources cannot be handed to a fresh process ({type(exc).__name__}:"
                 f" {exc}); pass resources whose classes are module-level names"
             )
+            return
         spec_path = directory / "spec.pickle"
         spec_path.write_bytes(payload)
+        seed = _another_seed()
         env = {**os.environ, "PYTHONHASHSEED": seed}
         # The fresh process finds the same modules as this one (pytest puts the rootdir on it).
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-        child = subprocess.run(
-            [sys.executable, "-c", _FRESH_PROCESS, str(spec_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if child.returncode != 0:
+        errors = directory / "stderr.txt"
+        with errors.open("w") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _FRESH_PROCESS, str(spec_path)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        self._fresh = _Started(child, seed, Path(spec.out), errors)
+
+    def fresh_process(self, base: Snapshot) -> str | None:
+        """Compare the fresh process's runs with the baseline; why it could not run, if so."""
+        if self._fresh is None:
+            self.start_fresh_process()
+        started = self._fresh
+        if started is None or isinstance(started, str):
+            return started
+        code = started.process.wait(timeout=900)
+        if code != 0:
             raise RuntimeError(
-                f"idem_assets.testing: the runs in a fresh process under PYTHONHASHSEED={seed}"
-                f" failed (exit {child.returncode}) before anything could be compared:\n"
-                + child.stderr[-4000:]
+                f"idem_assets.testing: the runs in a fresh process under"
+                f" PYTHONHASHSEED={started.seed} failed (exit {code}) before anything could be"
+                " compared:\n" + started.errors.read_text()[-4000:]
             )
         self.runs += len(self.keys)
         here = os.environ.get("PYTHONHASHSEED", "random")
         labels = (
             f"runs in this process (PYTHONHASHSEED={here})",
-            f"runs in a fresh process (PYTHONHASHSEED={seed})",
+            f"runs in a fresh process (PYTHONHASHSEED={started.seed})",
         )
-        self.compare("hash_seed", labels, base, _read_snapshot(Path(spec.out)))
+        self.compare("hash_seed", labels, base, _read_snapshot(started.out))
         return None
 
     def crash(self, state: _State) -> None:
@@ -1141,6 +1164,16 @@ def _assert_no_repeated_side_effects(
             f" {change}; a rerun with the same data must leave it as it was.",
             cause=_SIDE_EFFECT_CAUSE,
         )
+
+
+@dataclass(frozen=True)
+class _Started:
+    """The hash_seed trial's interpreter, running: its seed, snapshot folder and error output."""
+
+    process: subprocess.Popen[bytes]
+    seed: str
+    out: Path
+    errors: Path
 
 
 @dataclass(frozen=True)
