@@ -11,6 +11,7 @@ from idem_assets.lib.checks import (
     unique,
 )
 from idem_assets.lib.connections import duckdb_connection
+from idem_assets.lib.content import content_fingerprint
 from idem_assets.lib.data_versions import content_changed, record_data_version
 from idem_assets.lib.errors import (
     BlockingCheckError,
@@ -24,6 +25,7 @@ from idem_assets.lib.errors import (
     KeyOutsideWindowError,
     MissingUpstreamError,
     NullValueError,
+    OutboxError,
     RuntimeValueError,
     SchemaMismatchError,
     StorageError,
@@ -41,7 +43,6 @@ from idem_assets.lib.outbox import (
     DeliveryRecord,
     DeliveryResult,
     Outbox,
-    content_fingerprint,
     idempotency_key,
 )
 from idem_assets.lib.postgres_io_managers import (
@@ -76,6 +77,7 @@ __all__ = [
     "MissingUpstreamError",
     "NullValueError",
     "Outbox",
+    "OutboxError",
     "PartitionWindow",
     "PostgresMergeIOManager",
     "PostgresOverwriteIOManager",
