@@ -33,6 +33,7 @@ from idem_assets.lib.model.errors import (
     KeyOutsideWindowError,
     MissingUpstreamError,
     NullValueError,
+    OutboxError,
     RuntimeValueError,
     SchemaMismatchError,
     StorageError,
@@ -40,12 +41,12 @@ from idem_assets.lib.model.errors import (
 )
 from idem_assets.lib.model.settings import WriteSettings, resolve_settings
 from idem_assets.lib.model.windows import PartitionWindow, WriteWindow, window_from_keys
+from idem_assets.lib.outbox.content import content_fingerprint
 from idem_assets.lib.outbox.outbox import (
     Delivery,
     DeliveryRecord,
     DeliveryResult,
     Outbox,
-    content_fingerprint,
     idempotency_key,
 )
 from idem_assets.lib.write.publish import PublishResult, publish, table_fingerprint
@@ -104,6 +105,7 @@ __all__ = [
     "MissingUpstreamError",
     "NullValueError",
     "Outbox",
+    "OutboxError",
     "PartitionWindow",
     "PostgresMergeIOManager",
     "PostgresOverwriteIOManager",

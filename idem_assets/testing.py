@@ -10,37 +10,64 @@ output back through its own IO manager, and compares the rows partition by parti
 - ``input_order``: the rows an asset *receives* are reversed (every input is loaded through a
   wrapping IO manager that permutes the loaded rows), and the output must not change;
 - ``clock``: the runs happen under two different frozen wall clocks (time-machine, the
-  ``idem_assets[testing]`` extra), which catches ``datetime.now()`` and ``date.today()``;
+  ``idem_assets[testing]`` extra), which catches ``datetime.now()`` and ``date.today()``; the
+  second also runs in a timezone where the real date differs, which catches the clocks no one
+  can freeze in-process (DuckDB's ``current_date``, numpy's ``datetime64('today')``);
+- ``hash_seed``: the day-by-day runs are repeated in a fresh Python process under another
+  ``PYTHONHASHSEED``, which catches ``hash()`` of text and the order of a set of strings;
 - ``crash``: a crash injected at each stage of the publish (guards passed, deleted, inserted,
   before commit) of each asset leaves the old window exactly as it was.
+
+The ``rerun`` property also watches what the assets' own code does outside their IO managers
+(:mod:`idem_assets.lib.kit.side_effects`): a file it changes again, or an HTTP request that writes
+(not sent through :class:`~idem_assets.Outbox`), fails it.
 
 The first difference raises :class:`RerunSafetyError`, an ``AssertionError`` whose message names
 the asset, the partition, the property and the rows only one side has.
 """
 
 import contextlib
+import hashlib
+import importlib
+import json
+import os
+import pickle
+import subprocess
+import sys
 import tempfile
+import time as clock_time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo
 
 import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from idem_assets.lib.dagster_layer.frames import to_arrow
+from idem_assets.lib.kit.side_effects import SideEffect, watching
 from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.samples import format_sample
 from idem_assets.lib.model.windows import Box, as_pairs, cells_for, window_from_keys
-from idem_assets.lib.outbox.outbox import DeliveryRecord, Outbox, content_fingerprint
+from idem_assets.lib.outbox.content import content_fingerprint
+from idem_assets.lib.outbox.outbox import DeliveryRecord, Outbox
 from idem_assets.lib.write.publish import PUBLISH_STAGES, STAGE_HOOK
 
-Property = Literal["rerun", "chunking", "input_order", "clock", "crash"]
-PROPERTIES: tuple[Property, ...] = ("rerun", "chunking", "input_order", "clock", "crash")
+Property = Literal["rerun", "chunking", "input_order", "clock", "hash_seed", "crash"]
+PROPERTIES: tuple[Property, ...] = (
+    "rerun",
+    "chunking",
+    "input_order",
+    "clock",
+    "hash_seed",
+    "crash",
+)
 
 #: A mapping of resources (the DuckDB files and outbox ledgers of idem_assets' resources are moved
 #: into each trial's directory), or a function of the trial's directory that builds them.
@@ -70,9 +97,16 @@ _CAUSES: dict[Property, str] = {
         " metadata={'primary_key': [...], 'dedupe_order_by': ['updated_at']}."
     ),
     "clock": (
-        "a value depends on the wall clock (datetime.now(), date.today(), time.time()). Derive it"
-        " from the partition (context.partition_time_window) or from the data, or keep run facts"
-        " in Dagster's run metadata."
+        "a value depends on the wall clock (datetime.now(), date.today(), time.time(), DuckDB's"
+        " current_date or now(), numpy's datetime64('today')) or on the machine's timezone (a"
+        " local date or hour). Derive it from the partition (context.partition_time_window) or"
+        " from the data, or keep run facts in Dagster's run metadata."
+    ),
+    "hash_seed": (
+        "a value depends on Python's hash seed, which differs from process to process: hash()"
+        " of text (buckets such as hash(x) % 4), or the order a set of strings is iterated in"
+        " (numbering rows as a set yields them). Use a stable hash (zlib.crc32, hashlib, uuid5)"
+        " and sort before numbering (sorted(the_set))."
     ),
     "crash": (
         "the write is not one transaction, so a crash part-way leaves a partial window (the"
@@ -80,6 +114,15 @@ _CAUSES: dict[Property, str] = {
         " ia.DuckDBMergeIOManager, which publish in one transaction."
     ),
 }
+_SIDE_EFFECT_CAUSE = (
+    "the asset's own code acts outside its IO managers: it writes a file, or sends a request,"
+    " itself, and does it again on every run. Return the rows for an IO manager to store, or"
+    " perform the action through ia.Outbox.deliver, which a rerun with the same content skips."
+)
+_FRESH_PROCESS = (
+    "import sys; from idem_assets.testing import _fresh_process_main;"
+    " sys.exit(_fresh_process_main(sys.argv[1]))"
+)
 
 
 class RerunSafetyError(AssertionError):
@@ -94,6 +137,7 @@ class RerunSafetyError(AssertionError):
         only_first: Sequence[Mapping[str, Any]] = (),
         only_second: Sequence[Mapping[str, Any]] = (),
         labels: tuple[str, str] = ("first", "second"),
+        cause: str | None = None,
     ) -> None:
         self.property = prop
         self.asset = asset
@@ -107,7 +151,7 @@ class RerunSafetyError(AssertionError):
             for label, rows in zip(labels, (self.only_first, self.only_second), strict=True):
                 lines.append(f"  Rows only in the {label} ({len(rows)}):")
                 lines.append(_show_rows(rows) if rows else "    (none)")
-        lines.append(f"  Likely cause: {_CAUSES[prop]}")
+        lines.append(f"  Likely cause: {cause or _CAUSES[prop]}")
         super().__init__("\n".join(lines))
 
 
@@ -124,6 +168,8 @@ class RerunSafetyReport:
     #: Properties that did not apply, with the reason.
     skipped: dict[str, str] = field(default_factory=dict)
     runs: int = 0
+    #: What these runs did that the kit could not check: inputs it could not reverse.
+    unseen: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         """One line per fact, for a test's log."""
@@ -133,6 +179,7 @@ class RerunSafetyReport:
             f"{len(self.compared)} asset(s) compared, {self.runs} run(s)",
         ]
         parts += [f"{p} skipped ({why})" for p, why in self.skipped.items()]
+        parts += [f"not seen: {what}" for what in self.unseen]
         return "; ".join(parts)
 
 
@@ -166,13 +213,18 @@ def assert_rerun_safe(
         )
         checked: list[Property] = []
         skipped: dict[str, str] = {}
+        if "hash_seed" in properties:
+            kit.start_fresh_process()
         for prop in PROPERTIES:
             if prop not in properties:
                 continue
             if prop == "chunking" and len(kit.keys) < 2:
                 skipped[prop] = "needs a partition_range of two or more partitions"
                 continue
-            kit.check(prop)
+            why_not = kit.check(prop)
+            if why_not:
+                skipped[prop] = why_not
+                continue
             checked.append(prop)
         return kit.report(checked, skipped)
 
@@ -203,6 +255,22 @@ def assert_clock_invariant(assets: Sequence[Any], **kwargs: Any) -> RerunSafetyR
     return assert_rerun_safe(assets, properties=["clock"], **kwargs)
 
 
+def assert_hash_seed_invariant(assets: Sequence[Any], **kwargs: Any) -> RerunSafetyReport:
+    """Repeat the runs in a fresh Python process under another hash seed; the rows must not change.
+
+    The fresh process imports the assets by name, so each must be a module-level name (or in a
+    module-level list), and rebuilds each resource from its class (a module-level name) and
+    config.
+    """
+    report = assert_rerun_safe(assets, properties=["hash_seed"], **kwargs)
+    if report.skipped:
+        raise ConfigurationError(
+            f"assert_hash_seed_invariant could not start its fresh process:"
+            f" {report.skipped['hash_seed']}."
+        )
+    return report
+
+
 def assert_crash_safe(assets: Sequence[Any], **kwargs: Any) -> RerunSafetyReport:
     """Crash each asset's publish at each stage; the old window must survive unchanged."""
     return assert_rerun_safe(assets, properties=["crash"], **kwargs)
@@ -227,6 +295,10 @@ class _State:
     run_resources: dict[str, Any]
     instance: dg.DagsterInstance
     clock: datetime
+    #: The timezone its runs happen in (``None``: UTC, which each clock's travel sets).
+    timezone: str | None = None
+    #: What its runs' own code did outside the IO managers and the outbox.
+    effects: list[SideEffect] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -252,12 +324,13 @@ class _Kit:
         partition: str | None,
         partition_range: tuple[str, str] | None,
         clocks: tuple[datetime, datetime] | None,
+        keys: Sequence[str | None] | None = None,
     ) -> None:
         self.assets = list(assets)
         self.resources = resources
         self.workdir = Path(workdir)
         self.partitions_def = _partitions_def(self.assets)
-        self.keys = _keys(self.partitions_def, partition, partition_range)
+        self.keys = list(keys) if keys else _keys(self.partitions_def, partition, partition_range)
         # A naive clock is UTC, as the partitions' windows are.
         self.clocks = tuple(
             c if c.tzinfo else c.replace(tzinfo=UTC)
@@ -268,6 +341,12 @@ class _Kit:
         self.order: list[str] = []
         self.stored: dict[str, _Stored] = {}
         self.not_stored: list[str] = []
+        #: Inputs the input_order trial could not reverse: "asset 'x' input 'y' (list)".
+        self.unreversed: list[str] = []
+        #: When the last run ended, by the real clock.
+        self._last_run_end = 0.0
+        #: The hash_seed trial's process once started, or why it cannot start.
+        self._fresh: _Started | str | None = None
         self._baseline: tuple[_State, Snapshot] | None = None
         self._chunked: tuple[_State, Snapshot] | None = None
 
@@ -277,23 +356,31 @@ class _Kit:
     def __exit__(self, *exc: object) -> None:
         for state in self.states:
             state.instance.dispose()
+        # A property that failed first leaves the fresh process nobody waits for.
+        if isinstance(self._fresh, _Started) and self._fresh.process.poll() is None:
+            self._fresh.process.kill()
+            self._fresh.process.wait()
 
     # --- states and runs -------------------------------------------------------------------
 
-    def state(self, name: str, clock: datetime, shuffled: bool = False) -> _State:
+    def state(
+        self, name: str, clock: datetime, shuffled: bool = False, timezone: str | None = None
+    ) -> _State:
         """A fresh warehouse (and outbox ledger) under ``workdir/name``."""
         directory = self.workdir / name
         directory.mkdir(parents=True, exist_ok=False)
-        res = dict(
-            self.resources(directory)
-            if callable(self.resources)
-            else _relocated(self.resources, directory)
-        )
-        runs_with = {k: _reversing(r) for k, r in res.items()} if shuffled else res
+        res = self.resources_for(directory)
+        runs_with = {k: _reversing(r, self.unreversed) for k, r in res.items()} if shuffled else res
         instance = dg.DagsterInstance.ephemeral()
-        state = _State(name, directory, res, runs_with, instance, clock)
+        state = _State(name, directory, res, runs_with, instance, clock, timezone)
         self.states.append(state)
         return state
+
+    def resources_for(self, directory: Path) -> dict[str, Any]:
+        """The resources of a trial in ``directory``."""
+        if callable(self.resources):
+            return dict(self.resources(directory))
+        return _relocated(self.resources, directory)
 
     def run(
         self,
@@ -312,7 +399,13 @@ class _Kit:
         )
         results = []
         for partition_key, tags in batches:
-            with _travel(state.clock), warnings.catch_warnings():
+            with (
+                # Inside the travel: time-machine sets the process's timezone to the clock's.
+                _travel(state.clock),
+                _in_timezone(state.timezone),
+                watching() as watch,
+                warnings.catch_warnings(),
+            ):
                 # One ephemeral job holds assets with different backfill policies by design.
                 warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
                 try:
@@ -326,16 +419,57 @@ class _Kit:
                         raise_on_error=raise_on_error,
                     )
                 except Exception as exc:
-                    what = f"{keys[0]}...{keys[-1]}" if tags else partition_key
-                    exc.add_note(
-                        f"idem_assets.testing: the run of {what} in trial '{state.name}' failed"
-                        " before anything could be compared; fix the run first."
-                    )
+                    exc.add_note(self._failure_note(state, keys, bool(tags), exc))
                     raise
+            state.effects.extend(watch.effects)
+            self._last_run_end = clock_time.time()
             self.runs += 1
             self._learn(result)
             results.append(result)
         return results
+
+    def later_second(self) -> None:
+        """Wait until the real clock has left the second the last run ended in.
+
+        A clock the kit cannot freeze and that counts whole seconds (numpy's
+        ``datetime64('now')``) then reads differently in the runs compared next.
+        """
+        wait = int(self._last_run_end) + 1 - clock_time.time()
+        if wait > 0:
+            clock_time.sleep(wait)
+
+    def _failure_note(
+        self, state: _State, keys: Sequence[str | None], ranged: bool, exc: Exception
+    ) -> str:
+        """What the kit was doing when a run failed, and for a range run what avoids it."""
+        what = f"{keys[0]}...{keys[-1]}" if ranged else keys[0]
+        note = (
+            f"idem_assets.testing: the run of {what} in trial '{state.name}' failed before"
+            " anything could be compared; fix the run first."
+        )
+        if not ranged:
+            return note
+        text = " ".join(str(e) for e in _causes(exc))
+        one_key = "partition_key" in text and "range" in text
+        policies = [
+            f"'{key.to_user_string()}' has {_policy_text(a.backfill_policy)}"
+            for a in self.assets
+            if isinstance(a, dg.AssetsDefinition) and a.backfill_policy is not None
+            for key in a.keys
+        ]
+        return (
+            note
+            + (
+                " An asset that reads context.partition_key can run only one partition per run,"
+                " and this run holds a range."
+                if one_key
+                else ""
+            )
+            + (f" Backfill policies: {'; '.join(policies)}." if policies else "")
+            + " Fix: read context.partition_keys (or context.partition_time_window) so a range"
+            " run works, as a backfill chunk needs; or check one partition at a time:"
+            f" assert_rerun_safe(..., partition={str(keys[-1])!r}), which skips chunking."
+        )
 
     def _learn(self, result: dg.ExecuteInProcessResult) -> None:
         """Record which assets were materialised, in run order, and which had stored output."""
@@ -410,16 +544,16 @@ class _Kit:
             if a == b:
                 continue
             only_first, only_second = _diff(table, other)
-            raise RerunSafetyError(
-                prop,
-                asset,
-                key,
+            detail = (
                 f"{labels[0]}: {table.num_rows} rows (fingerprint {a}); {labels[1]}:"
-                f" {other.num_rows} rows (fingerprint {b}).",
-                only_first,
-                only_second,
-                labels,
+                f" {other.num_rows} rows (fingerprint {b})."
             )
+            if not (only_first or only_second):
+                detail += (
+                    " The rows hold equal values, but the columns differ:"
+                    f" {_columns(table)} vs {_columns(other)}."
+                )
+            raise RerunSafetyError(prop, asset, key, detail, only_first, only_second, labels)
 
     # --- properties --------------------------------------------------------------------------
 
@@ -439,22 +573,16 @@ class _Kit:
             self._chunked = (state, self.snapshot(state))
         return self._chunked
 
-    def check(self, prop: Property) -> None:
-        """Run the trials of one property and compare them with the baseline."""
+    def check(self, prop: Property) -> str | None:
+        """Run the trials of one property and compare them with the baseline.
+
+        Returns why the property could not be checked, or ``None`` when it was.
+        """
         state, base = self.baseline()
         if prop == "rerun":
-            before = _outbox_records(state)
-            self.run(state, self.keys, chunked=False)
-            self.compare(prop, ("first run", "rerun"), base, self.snapshot(state))
-            _assert_no_new_deliveries(before, _outbox_records(state))
+            self.rerun(state, base, chunked=False)
             if len(self.keys) > 1:
-                chunk_state, first = self.chunked()
-                before = _outbox_records(chunk_state)
-                self.run(chunk_state, self.keys, chunked=True)
-                self.compare(
-                    prop, ("first range run", "range rerun"), first, self.snapshot(chunk_state)
-                )
-                _assert_no_new_deliveries(before, _outbox_records(chunk_state))
+                self.rerun(*self.chunked(), chunked=True)
         elif prop == "chunking":
             _, chunk = self.chunked()
             self.compare(prop, ("day-by-day runs", "range run"), base, chunk)
@@ -463,15 +591,104 @@ class _Kit:
             self.run(shuffled, self.keys, chunked=False)
             self.compare(prop, ("input in order", "input reversed"), base, self.snapshot(shuffled))
         elif prop == "clock":
-            later = self.state("clock", self.clocks[1])
+            # In a zone where the real date is another one, a date from a clock that no one can
+            # freeze in-process (DuckDB's, numpy's) differs even when both trials run today.
+            zone = _zone_of_another_date()
+            later = self.state("clock", self.clocks[1], timezone=zone)
+            self.later_second()
             self.run(later, self.keys, chunked=False)
             labels = (
                 f"run at {self.clocks[0]:%Y-%m-%d %H:%M} UTC",
-                f"run at {self.clocks[1]:%Y-%m-%d %H:%M} UTC",
+                f"run at {self.clocks[1]:%Y-%m-%d %H:%M} UTC in timezone {zone}",
             )
             self.compare(prop, labels, base, self.snapshot(later))
+        elif prop == "hash_seed":
+            return self.fresh_process(base)
         else:
             self.crash(state)
+        return None
+
+    def rerun(self, state: _State, first: Snapshot, *, chunked: bool) -> None:
+        """Run ``state``'s partitions again: the same rows, no action or side effect repeated."""
+        deliveries = _outbox_records(state)
+        files = _file_states(e.target for e in state.effects if e.kind == "file")
+        done = len(state.effects)
+        self.later_second()
+        self.run(state, self.keys, chunked=chunked)
+        labels = ("first range run", "range rerun") if chunked else ("first run", "rerun")
+        self.compare("rerun", labels, first, self.snapshot(state))
+        _assert_no_new_deliveries(deliveries, _outbox_records(state))
+        _assert_no_repeated_side_effects(files, state.effects[done:])
+
+    def start_fresh_process(self) -> None:
+        """Start the ``hash_seed`` trial's interpreter, to run while this process runs the others.
+
+        Its runs are the baseline's, in a directory of their own, so nothing here waits for it
+        until :meth:`fresh_process` compares.
+        """
+        references, why_not = _references(self.assets)
+        if why_not:
+            self._fresh = why_not
+            return
+        name = "hash_seed"
+        directory = self.workdir / name
+        directory.mkdir(parents=True, exist_ok=False)
+        spec = _FreshProcess(
+            references=references,
+            keys=list(self.keys),
+            clocks=(self.clocks[0], self.clocks[1]),
+            workdir=str(self.workdir / f"{name}_process"),
+            name=name,
+            out=str(directory / "snapshot"),
+        )
+        try:
+            portable = {k: _portable(v) for k, v in self.resources_for(directory).items()}
+            payload = pickle.dumps((spec, portable))
+            pickle.loads(payload)
+        except Exception as exc:
+            self._fresh = (
+                f"its resources cannot be handed to a fresh process ({type(exc).__name__}:"
+                f" {exc}); pass resources whose classes are module-level names"
+            )
+            return
+        spec_path = directory / "spec.pickle"
+        spec_path.write_bytes(payload)
+        seed = _another_seed()
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        # The fresh process finds the same modules as this one (pytest puts the rootdir on it).
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        errors = directory / "stderr.txt"
+        with errors.open("w") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _FRESH_PROCESS, str(spec_path)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        self._fresh = _Started(child, seed, Path(spec.out), errors)
+
+    def fresh_process(self, base: Snapshot) -> str | None:
+        """Compare the fresh process's runs with the baseline; why it could not run, if so."""
+        if self._fresh is None:
+            self.start_fresh_process()
+        started = self._fresh
+        if started is None or isinstance(started, str):
+            return started
+        code = started.process.wait(timeout=900)
+        if code != 0:
+            raise RuntimeError(
+                f"idem_assets.testing: the runs in a fresh process under"
+                f" PYTHONHASHSEED={started.seed} failed (exit {code}) before anything could be"
+                " compared:\n" + started.errors.read_text()[-4000:]
+            )
+        self.runs += len(self.keys)
+        here = os.environ.get("PYTHONHASHSEED", "random")
+        labels = (
+            f"runs in this process (PYTHONHASHSEED={here})",
+            f"runs in a fresh process (PYTHONHASHSEED={started.seed})",
+        )
+        self.compare("hash_seed", labels, base, _read_snapshot(started.out))
+        return None
 
     def crash(self, state: _State) -> None:
         """Crash each stored asset's publish at each stage; its windows must stay as they were."""
@@ -531,11 +748,15 @@ class _Kit:
             not_stored=list(self.not_stored),
             skipped=skipped,
             runs=self.runs,
+            unseen=list(dict.fromkeys(self.unreversed)),
         )
 
 
-def _reversing(resource: Any) -> Any:
-    """``resource`` with its loads reversed if it is an IO manager; anything else as it is."""
+def _reversing(resource: Any, unreversed: list[str]) -> Any:
+    """``resource`` with its loads reversed if it is an IO manager; anything else as it is.
+
+    Inputs of a kind it cannot reverse are named in ``unreversed``.
+    """
     if isinstance(resource, dg.ConfigurableIOManagerFactory | dg.IOManagerDefinition):
         # Keep the definition's config schema: IO managers read context.resource_config.
         inner = (
@@ -545,13 +766,13 @@ def _reversing(resource: Any) -> Any:
         )
         create: Any = inner.resource_fn
         return dg.IOManagerDefinition(
-            resource_fn=lambda init: _ReversedLoads(create(init)),
+            resource_fn=lambda init: _ReversedLoads(create(init), unreversed),
             config_schema=inner.config_schema,
             required_resource_keys=inner.required_resource_keys,
             description=inner.description,
         )
     if isinstance(resource, dg.IOManager):
-        return _ReversedLoads(resource)
+        return _ReversedLoads(resource, unreversed)
     return resource
 
 
@@ -562,8 +783,9 @@ class _ReversedLoads(dg.IOManager):
     the first duplicate, take the first of a group) changes the output.
     """
 
-    def __init__(self, inner: dg.IOManager) -> None:
+    def __init__(self, inner: dg.IOManager, unreversed: list[str]) -> None:
         self._inner = inner
+        self._unreversed = unreversed
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         """Store exactly as the wrapped IO manager does."""
@@ -571,21 +793,33 @@ class _ReversedLoads(dg.IOManager):
 
     def load_input(self, context: dg.InputContext) -> Any:
         """Load through the wrapped IO manager, then reverse the rows."""
-        return reverse_rows(self._inner.load_input(context))
+        value = self._inner.load_input(context)
+        reversed_value = reverse_rows(value)
+        if reversed_value is value and value is not None:
+            reader = context.step_context.step.key if context.step_context else "?"
+            self._unreversed.append(
+                f"input '{context.name}' of step '{reader}' arrived as {type(value).__name__},"
+                " which the input_order trial cannot reverse"
+            )
+        return reversed_value
 
     def __getattr__(self, name: str) -> Any:
         # Resources typed as the wrapped IO manager (e.g. a check reading its .database).
-        if name == "_inner":
+        if name in ("_inner", "_unreversed"):
             raise AttributeError(name)
         return getattr(self._inner, name)
 
 
 def reverse_rows(value: Any) -> Any:
-    """The rows of a DataFrame or Arrow table in reverse order; anything else unchanged."""
+    """The rows of a pandas, Polars or Arrow frame in reverse order; anything else unchanged."""
     if isinstance(value, pd.DataFrame):
         return value.iloc[::-1].reset_index(drop=True)
-    if isinstance(value, pa.Table):
+    if isinstance(value, pa.Table | pa.RecordBatch):
         return value.take(pa.array(range(value.num_rows - 1, -1, -1), pa.int64()))
+    # Only a process that imported Polars can hand over a Polars frame.
+    pl: Any = sys.modules.get("polars")
+    if pl is not None and isinstance(value, pl.DataFrame | pl.LazyFrame):
+        return value.reverse()
     return value
 
 
@@ -615,10 +849,32 @@ def _keys(
             " '2026-01-03'), the partitions the trials materialise."
         )
     if partition is not None:
+        _refuse_unknown_key(pdef, partition, f"partition={partition!r}")
         return [partition]
     assert partition_range is not None
-    keys = pdef.get_partition_keys_in_range(dg.PartitionKeyRange(*partition_range))
-    return list(keys)
+    first, last = partition_range
+    given = f"partition_range=({first!r}, {last!r})"
+    for key in (first, last):
+        _refuse_unknown_key(pdef, key, given)
+    keys: list[str | None] = [*pdef.get_partition_keys_in_range(dg.PartitionKeyRange(first, last))]
+    if not keys:
+        raise ConfigurationError(
+            f"{given} runs backwards: {first!r} comes after {last!r}, so it holds no partition."
+            f" Fix: partition_range=({last!r}, {first!r})."
+        )
+    return keys
+
+
+def _refuse_unknown_key(pdef: dg.PartitionsDefinition, key: str, given: str) -> None:
+    """Refuse a key the assets' partitions definition does not have (spelt otherwise, say)."""
+    try:
+        window_from_keys(pdef, [key], "the kit")
+    except ConfigurationError as exc:
+        first = pdef.get_first_partition_key()
+        raise ConfigurationError(
+            f"{given}: {key!r} is not a partition of the assets' {type(pdef).__name__}. Fix:"
+            f" give keys as the definition spells them, e.g. {first!r}."
+        ) from exc
 
 
 def _default_clocks(
@@ -721,17 +977,17 @@ def _read_type(stored: _Stored) -> dg.DagsterType:
     """The type the asset declares for its output (IO managers pick a handler by it), else Arrow."""
     output = stored.assets_def.get_output_name_for_asset_key(stored.key)
     declared = stored.assets_def.op.output_dict[output].dagster_type
-    return declared if isinstance(declared.typing_type, type) else _ARROW
+    return _ARROW if declared.is_any else declared
 
 
 def _as_table(value: Any) -> pa.Table:
-    if isinstance(value, pa.Table):
-        return value
-    if isinstance(value, pa.RecordBatch):
-        return pa.Table.from_batches([value])
+    """A loaded output as Arrow: a pandas, Polars or Arrow frame as its rows, else its repr."""
     if isinstance(value, pd.DataFrame):
         return pa.Table.from_pandas(value, preserve_index=False)
-    return pa.table({"value": [repr(value)]})
+    try:
+        return to_arrow(value, "the kit's read-back")
+    except TypeError:
+        return pa.table({"value": [repr(value)]})
 
 
 def _hashable(value: Any) -> Any:
@@ -790,7 +1046,11 @@ def _assert_no_new_deliveries(
 
 
 def _travel(clock: datetime) -> Any:
-    """Freeze the wall clock at ``clock`` (ticking on), with time-machine from the extra."""
+    """Freeze the wall clock at ``clock`` (ticking on), with time-machine from the extra.
+
+    The clock travels as UTC, and time-machine sets the process's timezone to UTC with it, so a
+    trial's own timezone is set inside the travel.
+    """
     try:
         import time_machine
     except ImportError as exc:  # pragma: no cover - the dev extra installs it
@@ -798,4 +1058,249 @@ def _travel(clock: datetime) -> Any:
             "idem_assets.testing runs every trial under a frozen wall clock and needs"
             " time-machine. Fix: pip install 'idem_assets[testing]'."
         ) from exc
-    return time_machine.travel(clock, tick=True)
+    return time_machine.travel(clock.astimezone(UTC), tick=True)
+
+
+@contextlib.contextmanager
+def _in_timezone(zone: str | None) -> Any:
+    """Run the block with the process's local timezone set to ``zone`` (unchanged if ``None``)."""
+    if zone is None:
+        yield
+        return
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = zone
+    clock_time.tzset()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        clock_time.tzset()
+
+
+def _zone_of_another_date() -> str:
+    """A timezone whose date right now is not UTC's, the zone every travel sets (one of two).
+
+    The two zones are 26 hours apart, so at any moment at least one has another date.
+    """
+    now = clock_time.time()
+    here = datetime.fromtimestamp(now, UTC).date()
+    zones = ("Etc/GMT+12", "Etc/GMT-14")
+    return next(z for z in zones if datetime.fromtimestamp(now, ZoneInfo(z)).date() != here)
+
+
+def _another_seed() -> str:
+    """A ``PYTHONHASHSEED`` that is not this process's."""
+    here = os.environ.get("PYTHONHASHSEED", "")
+    return "2" if here == "1" else "1"
+
+
+def _columns(table: pa.Table) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in table.schema)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from (Dagster wraps the user's error)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _policy_text(policy: dg.BackfillPolicy) -> str:
+    if policy.max_partitions_per_run is None:
+        return "BackfillPolicy.single_run(), so a backfill runs its whole range in one run"
+    n = policy.max_partitions_per_run
+    if n == 1:
+        return "BackfillPolicy.multi_run(1), so Dagster never runs it over a range"
+    return f"BackfillPolicy.multi_run({n}), so a backfill runs up to {n} partitions per run"
+
+
+def _file_states(paths: Iterable[str]) -> dict[str, tuple[int, str] | None]:
+    """Each file's size and content hash, ``None`` for a file that does not exist."""
+    found: dict[str, tuple[int, str] | None] = {}
+    for path in dict.fromkeys(paths):
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            found[path] = None
+            continue
+        found[path] = (len(data), hashlib.sha256(data).hexdigest())
+    return found
+
+
+def _assert_no_repeated_side_effects(
+    files: Mapping[str, tuple[int, str] | None], rerun: Sequence[SideEffect]
+) -> None:
+    """Refuse a rerun that changed a file or sent a writing request outside the IO managers."""
+    requests = [e for e in rerun if e.kind == "request"]
+    if requests:
+        first = requests[0]
+        raise RerunSafetyError(
+            "rerun",
+            first.asset,
+            first.partition,
+            f"the rerun sent {len(requests)} request(s) again, outside the IO managers and the"
+            f" outbox, e.g. {first.target}; a rerun with the same data must send nothing.",
+            cause=_SIDE_EFFECT_CAUSE,
+        )
+    written = [e for e in rerun if e.kind == "file"]
+    after = _file_states(e.target for e in written)
+    for effect in written:
+        old, new = files.get(effect.target), after[effect.target]
+        if old == new or new is None:
+            continue
+        change = (
+            f"created it ({new[0]} bytes)"
+            if old is None
+            else f"changed it from {old[0]} to {new[0]} bytes"
+        )
+        raise RerunSafetyError(
+            "rerun",
+            effect.asset,
+            effect.partition,
+            f"the rerun wrote file {effect.target} outside the IO managers and the outbox, and"
+            f" {change}; a rerun with the same data must leave it as it was.",
+            cause=_SIDE_EFFECT_CAUSE,
+        )
+
+
+@dataclass(frozen=True)
+class _Started:
+    """The hash_seed trial's interpreter, running: its seed, snapshot folder and error output."""
+
+    process: subprocess.Popen[bytes]
+    seed: str
+    out: Path
+    errors: Path
+
+
+@dataclass(frozen=True)
+class _FreshProcess:
+    """What the fresh process runs: the assets by name, the partitions, the clocks."""
+
+    references: list[tuple[str, str, int | None]]
+    keys: list[str | None]
+    clocks: tuple[datetime, datetime]
+    workdir: str
+    name: str
+    out: str
+
+
+def _references(assets: Sequence[Any]) -> tuple[list[tuple[str, str, int | None]], str | None]:
+    """Where a fresh process imports each asset: ``(module, name, index in a list or None)``."""
+    references = []
+    for asset in assets:
+        found = _reference(asset)
+        if found is None:
+            name = getattr(asset, "key", None) or getattr(asset, "name", None) or asset
+            label = name.to_user_string() if isinstance(name, dg.AssetKey) else str(name)
+            return [], (
+                f"'{label}' is not a module-level name, so a fresh process cannot import it;"
+                " define it at module level (or in a module-level list) to check it"
+            )
+        references.append(found)
+    return references, None
+
+
+def _reference(asset: Any) -> tuple[str, str, int | None] | None:
+    """The module-level name (or list entry) that holds ``asset``, outside ``__main__``."""
+    compute = getattr(getattr(asset, "op", None), "compute_fn", None)
+    home = getattr(getattr(compute, "decorated_fn", compute), "__module__", None)
+    names = [home] if home in sys.modules else []
+    for name in [*names, *list(sys.modules)]:
+        module = sys.modules.get(name)
+        if module is None or name == "__main__":
+            continue
+        try:
+            attributes = list(vars(module).items())
+        except TypeError:
+            continue
+        for attribute, value in attributes:
+            if value is asset:
+                return name, attribute, None
+            # Exactly a list or tuple: Dagster's records are NamedTuples that refuse iteration.
+            if type(value) in (list, tuple):
+                for index, item in enumerate(value):
+                    if item is asset:
+                        return name, attribute, index
+    return None
+
+
+@dataclass(frozen=True)
+class _Resource:
+    """A configurable resource by class and config: Dagster's resources do not unpickle."""
+
+    module: str
+    qualname: str
+    config: dict[str, Any]
+
+
+def _portable(value: Any) -> Any:
+    """``value`` with every configurable resource in it as a :class:`_Resource`."""
+    config = _config_of(value)
+    if config is not None:
+        cls = type(value)
+        if "<locals>" in cls.__qualname__:
+            raise TypeError(f"{cls.__qualname__} is defined inside a function")
+        return _Resource(
+            cls.__module__, cls.__qualname__, {k: _portable(v) for k, v in config.items()}
+        )
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_portable(v) for v in value)
+    return value
+
+
+def _rebuilt(value: Any) -> Any:
+    """The resource :func:`_portable` described, built again."""
+    if isinstance(value, _Resource):
+        cls: Any = importlib.import_module(value.module)
+        for part in value.qualname.split("."):
+            cls = getattr(cls, part)
+        return cls(**{k: _rebuilt(v) for k, v in value.config.items()})
+    if isinstance(value, dict):
+        return {k: _rebuilt(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_rebuilt(v) for v in value)
+    return value
+
+
+def _fresh_process_main(spec_path: str) -> int:
+    """In the fresh process: run the baseline's partitions, write each snapshot table."""
+    spec, portable = pickle.loads(Path(spec_path).read_bytes())
+    resources = {k: _rebuilt(v) for k, v in portable.items()}
+    assets = []
+    for module, attribute, index in spec.references:
+        value = getattr(importlib.import_module(module), attribute)
+        assets.append(value if index is None else value[index])
+    with _Kit(
+        assets, lambda _: resources, Path(spec.workdir), None, None, spec.clocks, spec.keys
+    ) as kit:
+        state = kit.state(spec.name, kit.clocks[0])
+        kit.run(state, kit.keys, chunked=False)
+        snapshot = kit.snapshot(state)
+    out = Path(spec.out)
+    out.mkdir(parents=True)
+    manifest = []
+    for i, ((asset, key), table) in enumerate(snapshot.items()):
+        with pa.OSFile(str(out / f"{i}.arrow"), "wb") as sink:
+            with pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        manifest.append([asset, key, f"{i}.arrow"])
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return 0
+
+
+def _read_snapshot(out: Path) -> Snapshot:
+    """The snapshot a fresh process wrote."""
+    snapshot: Snapshot = {}
+    for asset, key, name in json.loads((out / "manifest.json").read_text()):
+        with pa.memory_map(str(out / name)) as source:
+            snapshot[(asset, key)] = pa.ipc.open_file(source).read_all()
+    return snapshot

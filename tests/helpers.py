@@ -1,7 +1,12 @@
 """Helpers every test and benchmark shares: the partitions, a fixed clock, settings, windows."""
 
-from collections.abc import Mapping
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +67,64 @@ def readme_bash(heading: str) -> list[str]:
     section = text.split(f"\n{heading}\n", 1)[1]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@dataclass
+class Receiver:
+    """Every request an HTTP endpoint got; it answers 500 to the next ``fail_next`` POSTs."""
+
+    url: str
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    #: How many GETs it answered (a GET only reads).
+    reads: int = 0
+    fail_next: int = 0
+
+    def keys(self) -> list[str]:
+        """The Idempotency-Key of every POST, in arrival order."""
+        return [r["key"] for r in self.requests]
+
+    def deduplicated(self) -> dict[str, Any]:
+        """What a receiver that drops repeated keys keeps: one body per key."""
+        return {r["key"]: r["body"] for r in self.requests}
+
+
+@contextmanager
+def http_receiver() -> Iterator[Receiver]:
+    """A real HTTP endpoint on 127.0.0.1 that records each POST and answers each GET."""
+    state = Receiver(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.requests.append(
+                {
+                    "key": self.headers.get("Idempotency-Key"),
+                    "supersedes": self.headers.get("Supersedes"),
+                    "body": body,
+                }
+            )
+            failing = state.fail_next > 0
+            state.fail_next -= failing
+            self.send_response(500 if failing else 200)
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            state.reads += 1
+            body = json.dumps({"rate": 1.25}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{server.server_port}/hook"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()

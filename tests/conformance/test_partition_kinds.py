@@ -426,3 +426,49 @@ def test_a_column_named_partition_key_is_only_data(store: Store) -> None:
     result = run(store, labelled, first_last=("east", "north"))
     assert written_counts(result) == {"east": ROWS, "north": ROWS}
     assert len(store.rows("sales")) == 2 * ROWS
+
+
+# A lone partition with no rows: the batch's untyped columns do not decide
+
+
+def filtered_empty(context: dg.AssetExecutionContext) -> pa.Table:
+    """The run's rows filtered to none in pandas, as a day with no sales comes out of a filter.
+
+    An empty object column has no values, so Arrow gives it no type (``null``): the category
+    column of such a batch is untyped.
+    """
+    frame = run_rows(context).to_pandas()
+    batch = pa.Table.from_pandas(frame[frame["amount"] < 0], preserve_index=False)
+    assert pa.types.is_null(batch.schema.field("region").type)
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("partitions_def", "metadata", "key"),
+    [
+        (STATIC, ONE_DIM, "south"),
+        (MULTI, BY_DAY_AND_REGION, f"{DAYS[1]}|south"),
+    ],
+    ids=["static", "day_by_region"],
+)
+def test_a_lone_empty_partition_is_refused_as_empty_or_stored_empty_when_declared(
+    store: Store, partitions_def: dg.PartitionsDefinition, metadata: dict[str, Any], key: str
+) -> None:
+    if partitions_def is STATIC:
+        fill_static(store)
+    else:
+        fill_multi(store)
+    before = store.rows("sales")
+    empty = kind_asset(filtered_empty, partitions_def, metadata)
+    message = refused(store, empty, key, ia.EmptyBatchError)
+    assert f"partition {key}: the batch is empty but the window holds {ROWS} rows" in message
+
+    declared = kind_asset(filtered_empty, partitions_def, {**metadata, "allow_empty": True})
+    result = run(store, declared, key)
+    assert written_counts(result) == {key: 0}
+    region = key.split("|")[-1]
+    day = key.split("|")[0] if "|" in key else DAYS[0]
+    # Only the cell's rows are gone.
+    assert store.rows("sales") == [
+        row for row in before if not (row[2] == region and row[1].date().isoformat() == day)
+    ]

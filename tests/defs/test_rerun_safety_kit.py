@@ -11,7 +11,7 @@ from idem_assets import landing
 from idem_assets.defs.daily_revenue_report import ReportExport
 from idem_assets.defs.partitions import DAILY
 from idem_assets.defs.resources import LandingZone
-from idem_assets.testing import assert_rerun_safe
+from idem_assets.testing import PROPERTIES, assert_rerun_safe
 
 from . import ROWS, build_defs, d
 
@@ -28,6 +28,7 @@ def location_assets(defs: dg.Definitions) -> list[Any]:
     return [*daily, *(defs.asset_checks or [])]
 
 
+@pytest.mark.slow
 def test_every_taxi_asset_is_rerun_safe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "landing"
     landing.generate(root, d(FIRST), d(LAST), rows=ROWS)
@@ -51,7 +52,9 @@ def test_every_taxi_asset_is_rerun_safe(tmp_path: Path, monkeypatch: pytest.Monk
         partition_range=(FIRST, LAST),
         workdir=tmp_path / "trials",
     )
-    assert report.properties == ["rerun", "chunking", "input_order", "clock", "crash"]
+    assert report.properties == list(PROPERTIES)
+    # Every asset imports in a fresh process, every input was reversed.
+    assert (report.skipped, report.unseen) == ({}, [])
     assert report.compared == ["raw_trips", "trips", "daily_zone_revenue", "revenue_running_total"]
     # The report stores nothing; the rerun property counts its exports instead (none repeated).
     assert report.not_stored == ["daily_revenue_report"]

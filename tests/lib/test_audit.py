@@ -497,9 +497,9 @@ def test_freshness_on_a_date_column_fails_a_day_whose_newest_date_is_earlier(
 # Per-day verdicts in the instance ----------------------------------------------------------------
 
 
-def refusal_message(result: dg.ExecuteInProcessResult) -> str:
-    """The message of the error that refused the trips step (Dagster wraps the user error)."""
-    failure = result.failure_data_for_node("trips")
+def refusal_message(result: dg.ExecuteInProcessResult, node: str = "trips") -> str:
+    """The message of the error that refused the step (Dagster wraps the user error)."""
+    failure = result.failure_data_for_node(node)
     assert failure is not None and failure.error is not None and failure.error.cause is not None
     return failure.error.cause.message
 
@@ -634,3 +634,222 @@ def test_a_key_two_days_share_fails_every_day_and_a_day_duplicate_only_its_day()
 
     assert days(shared) == {"2026-01-01": (False, 10), "2026-01-02": (False, 10)}
     assert days(within) == {"2026-01-01": (False, 2), "2026-01-02": (True, 0)}
+
+
+# Every partition kind: a verdict per static key, dynamic key and (day, region) cell
+
+REGIONS = dg.StaticPartitionsDefinition(["east", "north", "south"])
+STORES = dg.DynamicPartitionsDefinition(name="stores")
+DAY_BY_REGION = dg.MultiPartitionsDefinition({"date": DAILY, "region": REGIONS})
+BY_DAY_AND_REGION = {"date": "pickup_at", "region": "region"}
+
+
+def region_trips(day: str, region: str, n: int = 50) -> pd.DataFrame:
+    """``n`` trips of ``region`` on ``day``; ids unique across days and regions."""
+    first = int(day.replace("-", "")) * 10_000 + ["east", "north", "south"].index(region) * 1000
+    return trips(day, n, first_id=first).assign(region=region)
+
+
+def cells_of(context: dg.AssetExecutionContext) -> list[tuple[str, str]]:
+    """``(day, region)`` of each key of the run; a one-dimensional key is a region of DAYS[0]."""
+    pdef = context.assets_def.partitions_def
+    if isinstance(pdef, dg.MultiPartitionsDefinition):
+        keys = [
+            pdef.get_partition_key_from_str(k).keys_by_dimension for k in context.partition_keys
+        ]
+        return [(k["date"], k["region"]) for k in keys]
+    return [(DAYS[0], k) for k in context.partition_keys]
+
+
+def audited_by_kind(
+    partitions_def: dg.PartitionsDefinition,
+    bad_cell: tuple[str, str] | None = None,
+    extra: pd.DataFrame | None = None,
+) -> dg.AssetsDefinition:
+    """Audited trips per region (and day); ``bad_cell`` gets three passenger counts of 9."""
+    multi = isinstance(partitions_def, dg.MultiPartitionsDefinition)
+
+    @ia.audited_asset(
+        checks=[BETWEEN, ia.row_count(50), ia.unique("trip_id")],
+        partitions_def=partitions_def,
+        io_manager_key="overwrite_io_manager",
+        metadata={"partition_expr": BY_DAY_AND_REGION if multi else "region"},
+    )
+    def sales(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        """Trips of the run's regions (and days), audited before they are published."""
+        frames = []
+        for day, region in cells_of(context):
+            frame = region_trips(day, region)
+            if (day, region) == bad_cell:
+                frame.loc[[1, 2, 3], "passenger_count"] = 9
+            frames.append(frame)
+        return pd.concat([*frames, *([] if extra is None else [extra])], ignore_index=True)
+
+    return sales
+
+
+def statuses(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> dict:
+    """The latest status of each (check, partition) the run recorded."""
+    found: dict[tuple[str, str], str] = {}
+    for check in ("passenger_count_between_1_and_6", "row_count", "trip_id_unique", "in_window"):
+        for part, status in check_statuses(instance, "sales", check, result.run_id).items():
+            found[(check, str(part))] = status
+    return found
+
+
+def test_an_audited_static_asset_records_a_verdict_per_key_and_blocks_a_failing_one(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "w.duckdb"
+    with dg.instance_for_test() as instance:
+        failed = run(
+            [audited_by_kind(REGIONS, bad_cell=(DAYS[0], "north"))],
+            db,
+            partition_range=("east", "south"),
+            raise_on_error=False,
+            instance=instance,
+        )
+        assert not failed.success
+        found = statuses(instance, failed)
+        assert {k: v for k, v in found.items() if v != "SUCCEEDED"} == {
+            ("passenger_count_between_1_and_6", "north"): "FAILED"
+        }
+        assert len(found) == 4 * 3
+        assert instance.get_materialized_partitions(dg.AssetKey("sales")) == set()
+        assert "Partitions that failed: north;" in refusal_message(failed, "sales")
+        bad = evaluations(failed, "north")[BETWEEN.name]
+        assert bad.metadata["failing"].value == 3
+        assert bad.metadata["failing_sample"].value.count("| 9 |") == 3
+
+        published = run([audited_by_kind(REGIONS)], db, "north", instance=instance)
+        assert set(statuses(instance, published).values()) == {"SUCCEEDED"}
+        key = dg.AssetKey("sales")
+        (mat,) = instance.fetch_materializations(key, limit=5).records
+        for evaluation in published.get_asset_check_evaluations():
+            target = evaluation.target_materialization_data
+            assert evaluation.partition == mat.partition_key == "north"
+            assert target is not None and target.storage_id == mat.storage_id
+    with read(db) as conn:
+        assert conn.execute("SELECT DISTINCT region FROM sales").fetchall() == [("north",)]
+
+
+def test_an_audited_day_by_region_asset_judges_each_cell_as_it_judges_each_day(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "w.duckdb"
+    cells = [f"{day}|north" for day in DAYS]
+    with dg.instance_for_test() as instance:
+        failed = run(
+            [audited_by_kind(DAY_BY_REGION, bad_cell=(DAYS[1], "north"))],
+            db,
+            partition_range=(cells[0], cells[-1]),
+            raise_on_error=False,
+            instance=instance,
+        )
+        assert check_statuses(instance, "sales", BETWEEN.name, failed.run_id) == {
+            cells[0]: "SUCCEEDED",
+            cells[1]: "FAILED",
+            cells[2]: "SUCCEEDED",
+        }
+        assert "Partitions that failed: 2026-01-02|north;" in refusal_message(failed, "sales")
+        assert evaluations(failed, cells[1])[BETWEEN.name].metadata["failing"].value == 3
+
+        # A row of another region belongs to no cell of the run: every cell fails in_window.
+        stray = region_trips(DAYS[1], "south", 1)
+        strayed = run(
+            [audited_by_kind(DAY_BY_REGION, extra=stray)],
+            db,
+            partition_range=(cells[0], cells[-1]),
+            raise_on_error=False,
+            instance=instance,
+        )
+        assert check_statuses(instance, "sales", "in_window", strayed.run_id) == dict.fromkeys(
+            cells, "FAILED"
+        )
+        verdict = evaluations(strayed, cells[0])["in_window"]
+        assert verdict.metadata["detail"].value == (
+            "0 failing row(s); 1 more failing row(s) of this run's batch belong to no single"
+            " partition (outside every partition of its window, or a key that two partitions"
+            " share), so every partition of the run fails"
+        )
+        assert "| south |" in verdict.metadata["failing_sample"].value
+
+        published = run(
+            [audited_by_kind(DAY_BY_REGION)],
+            db,
+            partition_range=(cells[0], cells[-1]),
+            instance=instance,
+        )
+        assert set(statuses(instance, published).values()) == {"SUCCEEDED"}
+        rows = {
+            e.partition: e.metadata["rows"].value
+            for e in published.get_asset_check_evaluations()
+            if e.check_name == "row_count"
+        }
+        assert rows == dict.fromkeys(cells, 50)
+    with read(db) as conn:
+        assert conn.execute("SELECT count(*) FROM sales").fetchall() == [(150,)]
+
+
+def test_an_audited_dynamic_asset_records_a_verdict_per_key(tmp_path: Path) -> None:
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("stores", ["east", "north"])
+        result = run(
+            [audited_by_kind(STORES, bad_cell=(DAYS[0], "east"))],
+            tmp_path / "w.duckdb",
+            partition_range=("east", "north"),
+            raise_on_error=False,
+            instance=instance,
+        )
+        assert check_statuses(instance, "sales", BETWEEN.name, result.run_id) == {
+            "east": "FAILED",
+            "north": "SUCCEEDED",
+        }
+
+
+def test_freshness_of_a_day_by_region_cell_is_measured_from_the_end_of_its_day(
+    tmp_path: Path,
+) -> None:
+    @ia.audited_asset(
+        checks=[ia.freshness("pickup_at", timedelta(hours=3))],
+        partitions_def=DAY_BY_REGION,
+        io_manager_key="overwrite_io_manager",
+        metadata={"partition_expr": BY_DAY_AND_REGION},
+    )
+    def sales(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        """Trips of one cell."""
+        ((day, region),) = cells_of(context)
+        return region_trips(day, region, 1000)
+
+    result = run([sales], tmp_path / "w.duckdb", f"{DAYS[1]}|east")
+    verdict = evaluations(result, f"{DAYS[1]}|east")["pickup_at_freshness"]
+    assert verdict.passed
+    assert verdict.metadata["lag"].value == "1:48:00"
+
+
+def test_an_audited_lone_empty_key_is_judged_empty_and_stored_when_declared(
+    tmp_path: Path,
+) -> None:
+    """A frame filtered to no rows has an untyped region column; the audit judges it as empty."""
+
+    @ia.audited_asset(
+        checks=[ia.row_count(min_rows=0), ia.not_null("trip_id")],
+        partitions_def=REGIONS,
+        io_manager_key="overwrite_io_manager",
+        metadata={"partition_expr": "region", "allow_empty": True},
+    )
+    def sales(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        """No trips in the run's region."""
+        frame = region_trips(DAYS[0], context.partition_key)
+        return frame[frame["fare"] < 0].assign(region=None)
+
+    db = tmp_path / "w.duckdb"
+    run([audited_by_kind(REGIONS)], db, "south")
+    result = run([sales], db, "south")
+    assert {e.check_name: e.passed for e in result.get_asset_check_evaluations()} == {
+        "row_count": True,
+        "trip_id_not_null": True,
+        "in_window": True,
+    }
+    with read(db) as conn:
+        assert conn.execute("SELECT count(*) FROM sales").fetchall() == [(0,)]

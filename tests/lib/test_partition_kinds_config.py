@@ -1,6 +1,6 @@
 """Static, dynamic and multi partitions: settings, windows and their refusals, engine aside."""
 
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 
 import dagster as dg
 import duckdb
@@ -143,16 +143,24 @@ def test_partition_columns_of_the_wrong_kind_are_refused(
         assert conn.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (0,)
 
 
-def test_an_audited_asset_with_static_partitions_is_refused_with_the_alternative() -> None:
+def test_an_audited_asset_without_a_time_dimension_refuses_freshness_at_definition() -> None:
     with pytest.raises(ia.ConfigurationError) as refused:
 
-        @ia.audited_asset(partitions_def=REGIONS, metadata={"partition_expr": "region"})
+        @ia.audited_asset(
+            checks=[ia.freshness("sold_at", timedelta(hours=1))],
+            partitions_def=REGIONS,
+            metadata={"partition_expr": "region"},
+        )
         def sales(context: dg.AssetExecutionContext) -> pd.DataFrame:
             """Sales."""
             return pd.DataFrame()
 
-    assert "the audit judges each day of a time-partitioned asset" in str(refused.value)
-    assert "@dg.asset_check" in str(refused.value)
+    assert str(refused.value) == (
+        "@audited_asset sales: freshness() is measured against the end of a partition's time"
+        " window, and its partitions have no time. Use it on a time-partitioned asset, or on"
+        " one with a time dimension (a dg.MultiPartitionsDefinition with a daily dimension,"
+        " say)."
+    )
 
 
 def test_the_window_metadata_names_each_dimension() -> None:

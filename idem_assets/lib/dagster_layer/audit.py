@@ -21,9 +21,11 @@ import pyarrow as pa
 
 from idem_assets.lib.dagster_layer.check_reports import (
     day_evaluations,
+    judged_cells,
     markdown,
     run_materializations,
     split_by_partition,
+    unit_of,
 )
 from idem_assets.lib.dagster_layer.checks import (
     Check,
@@ -43,22 +45,20 @@ from idem_assets.lib.model.settings import (
     PARTITION_EXPR,
     PRIMARY_KEY,
     _raw,
-    partition_column,
+    partition_columns,
 )
 from idem_assets.lib.model.windows import (
     PartitionWindow,
     WriteWindow,
-    bound_for,
+    as_pairs,
     window_from_keys,
 )
 from idem_assets.lib.sql import statements as batch_sql
 
 # The audit's own relations and columns sit next to the user's columns in one query. Each name
 # holds a space, which validate_identifier refuses, so no user table or column can take it.
-_STAGED_NAME, _WINDOWS_NAME = "idem staged batch", "idem windows"
-_KEY_NAME, _START_NAME, _END_NAME = "idem key", "idem start", "idem end"
-_STAGED, _WINDOWS = quote(_STAGED_NAME), quote(_WINDOWS_NAME)
-_KEY, _START, _END = quote(_KEY_NAME), quote(_START_NAME), quote(_END_NAME)
+_STAGED_NAME, _KEY_NAME = "idem staged batch", "idem key"
+_STAGED, _KEY = quote(_STAGED_NAME), quote(_KEY_NAME)
 _OUTSIDE = "__outside_window__"
 
 
@@ -111,50 +111,46 @@ def stage(
 def audit_table(
     table: pa.Table,
     checks: Sequence[Check],
-    partition_expr: str | None,
+    partition_expr: object,
     window: WriteWindow | None,
     expected_rows: Mapping[str, int] | None = None,
 ) -> AuditReport:
-    """Evaluate ``checks`` on ``table`` in one grouped scan, per partition given a window."""
+    """Evaluate ``checks`` on ``table`` in one grouped scan, per partition given a window.
+
+    ``partition_expr`` is the asset's metadata form: a column, or a dict of each dimension's
+    column for a multi-dimensional asset (``None`` judges the table as one group).
+    """
     if expected_rows is not None:
         checks = [
             dataclasses.replace(c, expected=expected_rows) if isinstance(c, RowCount) else c
             for c in checks
         ]
+    pairs = as_pairs(partition_expr)
+    timed = window is not None and bool(pairs) and window.timed
+    if not timed and any(isinstance(c, Freshness) for c in checks):
+        raise ConfigurationError(_freshness_needs_time(window))
     con = duckdb.connect()
     try:
-        con.register(_STAGED_NAME, table)
-        aggs = aggregate_sql(checks)
-        if window is not None and partition_expr:
-            ptype = table.schema.field(partition_expr).type
-            wt = pa.table(
-                {
-                    _KEY_NAME: [w.key for w in window.partitions],
-                    _START_NAME: [bound_for(w.start, ptype) for w in window.partitions],
-                    _END_NAME: [bound_for(w.end, ptype) for w in window.partitions],
-                }
-            )
-            con.register(_WINDOWS_NAME, wt)
-            p = f"{_STAGED}.{quote(partition_expr)}"
-            key = f"{_WINDOWS}.{_KEY}"
+        aggs = ", ".join(aggregate_sql(checks))
+        params: list[Any] = []
+        if window is not None and pairs:
+            judged, cells = judged_cells(table, partition_expr, window)
+            con.register(_STAGED_NAME, judged)
+            # Each row is named by the partition whose box holds it; cells never overlap.
+            case, params = batch_sql.partition_case(cells)
             query = (
-                f"SELECT coalesce({key}, '{_OUTSIDE}'), grouping({key}), {', '.join(aggs)}"
-                f" FROM {_STAGED} LEFT JOIN {_WINDOWS}"
-                f" ON {p} >= {_WINDOWS}.{_START} AND {p} < {_WINDOWS}.{_END}"
-                f" GROUP BY GROUPING SETS (({key}), ())"
+                f"SELECT coalesce({_KEY}, '{_OUTSIDE}'), grouping({_KEY}), {aggs}"
+                f" FROM (SELECT *, {case} AS {_KEY} FROM {_STAGED})"
+                f" GROUP BY GROUPING SETS (({_KEY}), ())"
             )
             windows = list(window.partitions)
         else:
-            query = f"SELECT 'all', 1, {', '.join(aggs)} FROM {_STAGED}"
+            con.register(_STAGED_NAME, table)
+            query = f"SELECT 'all', 1, {aggs} FROM {_STAGED}"
             windows = [PartitionWindow("all", *_unbounded())]
-            if any(isinstance(c, Freshness) for c in checks):
-                raise ConfigurationError(
-                    "freshness() is measured against the end of a partition window, and this"
-                    " asset is unpartitioned. Use it on a time-partitioned asset."
-                )
         grouped: dict[str, tuple[Any, ...]] = {}
         total: tuple[Any, ...] = ()
-        for row in con.execute(query).fetchall():
+        for row in con.execute(query, params).fetchall():
             key, is_total, *values = row
             if is_total:
                 total = tuple(values)
@@ -182,7 +178,7 @@ def audit_table(
                             con,
                             _STAGED,
                             verdict.per_partition,
-                            partition_expr=partition_expr,
+                            partition_columns=pairs,
                             window=window,
                         )
                     ),
@@ -191,6 +187,15 @@ def audit_table(
         return AuditReport(table, verdicts)
     finally:
         con.close()
+
+
+def _freshness_needs_time(window: WriteWindow | None) -> str:
+    what = "this asset is unpartitioned" if window is None else "its partitions have no time"
+    return (
+        f"freshness() is measured against the end of a partition's time window, and {what}."
+        " Use it on a time-partitioned asset, or on one with a time dimension (a"
+        " dg.MultiPartitionsDefinition with a daily dimension, say)."
+    )
 
 
 def _unbounded() -> tuple[Any, Any]:
@@ -229,14 +234,16 @@ def refusal(
     failures: Sequence[Verdict],
     failed_days: Sequence[str] = (),
 ) -> str:
-    """The message of a blocking failure: which checks failed, on which days, and the fix."""
+    """The message of a blocking failure: which checks failed, on which partitions, and the fix."""
     lines = [f"  - {v.check.name}: {v.detail}" for v in failures]
     where = window.describe() if window else "(unpartitioned)"
     days, rerun = "", "this partition"
     if window is not None and len(window.partitions) > 1:
+        unit = unit_of(window)
         days = (
-            f"\nDays that failed: {', '.join(failed_days)}; each check's partition view shows"
-            " every day's verdict, and no day of the run was published."
+            f"\n{unit.capitalize()}s that failed: {', '.join(failed_days)}; each check's"
+            f" partition view shows every {unit}'s verdict, and no {unit} of the run was"
+            " published."
         )
         rerun = "the failed partitions (in the UI: Materialize..., the Failed selection)"
     return (
@@ -257,7 +264,8 @@ def run_audit(
 ) -> Iterator[dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output]:
     """Stage ``output`` and audit it; publish it and report every verdict, or raise on a blocker.
 
-    A partitioned asset reports one evaluation per check and day of the run. Verdicts come after
+    A partitioned asset reports one evaluation per check and partition of the run (a day, a static
+    key, a (day, region) cell). Verdicts come after
     the output, so each points at the materialization it judged; a refused batch reports its
     verdicts without a target and raises before any output exists.
     """
@@ -271,6 +279,7 @@ def run_audit(
     order = (order,) if isinstance(order, str) else tuple(order)
     table = stage(batch.data, asset, key, order)
     partition_expr = _raw(metadata.get(PARTITION_EXPR))
+    partition_expr = dict(partition_expr) if isinstance(partition_expr, Mapping) else partition_expr
     window = None
     if context.has_partition_key_range or context.has_partition_key:
         assert context.assets_def.partitions_def is not None
@@ -316,10 +325,11 @@ def audited_asset(
 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
     """Like ``@dg.asset``, but the returned batch is audited by ``checks`` before it is published.
 
-    The function returns a DataFrame, an Arrow table or a :class:`Batch`. A partitioned asset also
-    gets the ``in_window`` check on its ``partition_expr`` column. Each check becomes a blocking
-    (or, with ``blocking=False``, a WARN) ``AssetCheckSpec``, partitioned like the asset, so every
-    run records one verdict per day.
+    The function returns a DataFrame, an Arrow table or a :class:`Batch`. A partitioned asset (by
+    time, by static or dynamic keys, or by several dimensions) also gets the ``in_window`` check
+    on its ``partition_expr`` column(s). Each check becomes a blocking (or, with
+    ``blocking=False``, a WARN) ``AssetCheckSpec``, partitioned like the asset, so every run
+    records one verdict per partition: per day, per key, per (day, region) cell.
     """
 
     def decorator(fn: Callable[..., Any]) -> dg.AssetsDefinition:
@@ -336,20 +346,16 @@ def audited_asset(
         asset_key = dg.AssetKey.from_coercible(asset_kwargs.get("key") or [*prefix, name])
         metadata = dict(asset_kwargs.get("metadata") or {})
         partitions_def = asset_kwargs.get("partitions_def")
-        if partitions_def is not None and not isinstance(
-            partitions_def, dg.TimeWindowPartitionsDefinition
-        ):
-            raise ConfigurationError(
-                f"@audited_asset {asset_key.to_user_string()}: the audit judges each day of a"
-                f" time-partitioned asset, and this one uses {type(partitions_def).__name__}."
-                " Fix: define it with @dg.asset and the idem_assets IO managers (their guards"
-                " still refuse stray rows, duplicate keys and emptied partitions before"
-                " anything changes), with checks as @dg.asset_check; or partition it by time."
-            )
-        partition_expr = partition_column(metadata.get(PARTITION_EXPR), asset_key.to_user_string())
+        asset = asset_key.to_user_string()
+        pairs, time_column = partition_columns(metadata.get(PARTITION_EXPR), partitions_def, asset)
         all_checks = list(checks)
-        if partition_expr and asset_kwargs.get("partitions_def") is not None:
-            all_checks.append(in_window(partition_expr))
+        if partitions_def is not None and pairs:
+            all_checks.append(in_window(*(c for _, c in pairs)))
+            if time_column is None and any(isinstance(c, Freshness) for c in checks):
+                raise ConfigurationError(
+                    f"@audited_asset {asset}: "
+                    + _freshness_needs_time(WriteWindow((PartitionWindow("any"),), None))
+                )
         names = [c.name for c in all_checks]
         if len(set(names)) != len(names):
             raise ConfigurationError(
@@ -367,7 +373,6 @@ def audited_asset(
         compute.__signature__ = inspect.signature(fn).replace(  # type: ignore[attr-defined]
             return_annotation=inspect.Signature.empty
         )
-        partitions_def = asset_kwargs.get("partitions_def")
         specs = [c.spec(asset_key, partitions_def) for c in all_checks]
         return dg.asset(check_specs=specs, **asset_kwargs)(compute)
 

@@ -1,9 +1,11 @@
 """Report audit verdicts to Dagster: one check evaluation per check and partition.
 
-A run of one day and a 31-day chunk report alike: every day of the run gets its own verdict, with
-that day's failing count and sample, recorded by Dagster as SUCCEEDED or FAILED for that partition.
-Rows that belong to no day of the run (stray rows, a NULL partition column, a key duplicated
-across two days) cannot be blamed on one day, so they fail every day of the run and say so.
+A run of one day and a 31-day chunk report alike, and so do a static key, a dynamic one and a
+(day, region) cell: every partition of the run gets its own verdict, with that partition's
+failing count and sample, recorded by Dagster as SUCCEEDED or FAILED for that partition. Rows
+that belong to no partition of the run (stray rows, a NULL partition column, a key duplicated
+across two days) cannot be blamed on one partition, so they fail every partition of the run and
+say so.
 """
 
 from collections.abc import Mapping, Sequence
@@ -17,8 +19,9 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
-from idem_assets.lib.dagster_layer.checks import Check, RowCount, SampleScope, Verdict
-from idem_assets.lib.model.windows import PartitionWindow, WriteWindow, bound_for
+from idem_assets.lib.dagster_layer.checks import Check, SampleScope, Verdict
+from idem_assets.lib.model.errors import SchemaMismatchError
+from idem_assets.lib.model.windows import ONLY, Box, Cell, WriteWindow, as_pairs, cells_for
 from idem_assets.lib.sql import statements as batch_sql
 
 _STAGED = "staged"
@@ -59,32 +62,66 @@ def _failing_in_day(verdict: Verdict, key: str) -> tuple[int, int]:
     return (1 if key in verdict.failed_partitions else 0), 0
 
 
-def _detail(verdict: Verdict, key: str, own: int, unplaced: int) -> str:
+def unit_of(window: WriteWindow) -> str:
+    """What one partition of ``window`` is called in messages: a day, or a partition."""
+    return "day" if window.time_dimension == ONLY else "partition"
+
+
+def _detail(verdict: Verdict, key: str, own: int, unplaced: int, unit: str) -> str:
     if verdict.check.unit == "partition":
         entry = ", ".join(f"{k} {v}" for k, v in verdict.per_partition.get(key, {}).items())
         return f"{key}: {'failed' if own else 'passed'} ({entry})"
     text = f"{own} failing row(s)"
     if unplaced:
         text += (
-            f"; {unplaced} more failing row(s) of this run's batch belong to no single day"
-            " (outside every day of its window, or a key that two days share), so every day of"
-            " the run fails"
+            f"; {unplaced} more failing row(s) of this run's batch belong to no single {unit}"
+            f" (outside every {unit} of its window, or a key that two {unit}s share), so every"
+            f" {unit} of the run fails"
         )
     return text
+
+
+def judged_cells(
+    table: pa.Table, partition_expr: object, window: WriteWindow
+) -> tuple[pa.Table, list[Cell]]:
+    """The table as the audit judges it, and each partition of ``window`` with its rows' box.
+
+    ``partition_expr`` is the metadata's form (a column, or a column per dimension). A partition
+    column with no type holds no value (an empty frame's object column); it is judged as the
+    type its key names, so an empty partition is judged as empty.
+    """
+    pairs = as_pairs(partition_expr)
+    missing = [c for _, c in pairs if c not in table.column_names]
+    if missing:
+        raise SchemaMismatchError(
+            f"Refused to publish: the batch has no column(s) {missing}, which the asset's"
+            f" partition_expr names ({dict(pairs)!r}), so its rows cannot be judged partition by"
+            " partition. Nothing was published. Fix: add the column(s) to the batch, or name"
+            " the batch's columns in metadata={'partition_expr': ...}."
+        )
+    time_column = dict(pairs).get(str(window.time_dimension)) if window.timed else None
+    for _, column in pairs:
+        if pa.types.is_null(table.schema.field(column).type):
+            typed = pa.timestamp("us") if column == time_column else pa.string()
+            index = table.column_names.index(column)
+            table = table.set_column(index, column, table.column(column).cast(typed))
+    types = {c: table.schema.field(c).type for _, c in pairs}
+    return table, cells_for(window, pairs, types, always=True)
 
 
 def split_by_partition(
     report_table: pa.Table,
     verdicts: Sequence[Verdict],
-    partition_expr: str,
+    partition_expr: object,
     window: WriteWindow,
 ) -> list[DayVerdict]:
-    """One :class:`DayVerdict` per check and partition of ``window``, with that day's sample."""
+    """One :class:`DayVerdict` per check and partition of ``window``, with that one's sample."""
+    table, cells = judged_cells(report_table, partition_expr, window)
+    boxes = dict(cells)
+    unit = unit_of(window)
     con = duckdb.connect()
     try:
-        con.register(_STAGED, report_table)
-        names = report_table.schema.names
-        ptype = report_table.schema.field(partition_expr).type if partition_expr in names else None
+        con.register(_STAGED, table)
         days = []
         for verdict in verdicts:
             for w in window.partitions:
@@ -92,14 +129,14 @@ def split_by_partition(
                 failing = own + unplaced
                 sample: list[dict[str, Any]] = []
                 if failing:
-                    sample = _day_sample(con, verdict, w, partition_expr, ptype) or verdict.sample
+                    sample = _day_sample(con, verdict, w.key, boxes[w.key]) or verdict.sample
                 days.append(
                     DayVerdict(
                         check=verdict.check,
                         key=w.key,
                         passed=failing == 0,
                         failing=failing,
-                        detail=_detail(verdict, w.key, own, unplaced),
+                        detail=_detail(verdict, w.key, own, unplaced, unit),
                         measured=dict(verdict.per_partition.get(w.key, {})),
                         sample=sample[:_SAMPLE_ROWS],
                     )
@@ -110,23 +147,12 @@ def split_by_partition(
 
 
 def _day_sample(
-    con: duckdb.DuckDBPyConnection,
-    verdict: Verdict,
-    day: PartitionWindow,
-    partition_expr: str,
-    ptype: pa.DataType | None,
+    con: duckdb.DuckDBPyConnection, verdict: Verdict, key: str, box: Box
 ) -> list[dict[str, Any]]:
-    """Failing rows of one day, or ``[]`` where no row of the day is to blame."""
-    # A row count's sample is the day's counts; any other sample needs the day's rows.
-    if ptype is None and not isinstance(verdict.check, RowCount):
-        return []
-    in_day, params = "TRUE", []
-    if ptype is not None:
-        in_day, params = batch_sql.window_predicate(
-            partition_expr, [(bound_for(day.start, ptype), bound_for(day.end, ptype))]
-        )
+    """Failing rows of one partition (its counts, for a row count)."""
+    in_day, params = batch_sql.box_predicate(box)
     scope = SampleScope(
-        con, _STAGED, verdict.per_partition, day.key, in_day, params, limit=_SAMPLE_ROWS
+        con, _STAGED, verdict.per_partition, key, in_day, params, limit=_SAMPLE_ROWS
     )
     return verdict.check.sample(scope)
 

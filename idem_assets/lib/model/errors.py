@@ -63,3 +63,7 @@ class ConstraintViolationError(IdempotencyError):
 
 class StorageError(IdempotencyError):
     """The table's storage cannot be read or written: a damaged log, no permission to write."""
+
+
+class OutboxError(IdempotencyError):
+    """The outbox cannot read or write its ledger (gone, corrupt, locked or read-only)."""

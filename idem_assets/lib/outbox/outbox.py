@@ -12,22 +12,25 @@ write leaves the attempt marked ``pending``, and the next run performs it again 
 idempotency key, which the receiver uses to drop the duplicate.
 """
 
+import fcntl
 import hashlib
+import os
+import shlex
 import sqlite3
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import dagster as dg
-import duckdb
-import pyarrow as pa
 from pydantic import Field
 
-from idem_assets.lib.model.errors import ConfigurationError
+from idem_assets.lib.model.errors import ConfigurationError, OutboxError
+from idem_assets.lib.outbox.content import fingerprints_of
 
 #: The points a delivery passes, in order; ``on_stage`` is called at each.
 OUTBOX_STAGES = ("claimed", "performed", "recorded")
@@ -37,7 +40,21 @@ OUTBOX_STAGE_HOOK: ContextVar[Callable[[str], None] | None] = ContextVar(
     "idem_outbox_stage_hook", default=None
 )
 
+#: True while an action's ``send`` runs, so a watcher of side effects can tell the outbox's own
+#: deliveries from the ones that bypass it (``idem_assets.testing`` reads it).
+OUTBOX_SENDING: ContextVar[bool] = ContextVar("idem_outbox_sending", default=False)
+
 Outcome = Literal["performed", "retried", "skipped"]
+
+#: The Dagster instance remembers each ledger it saw in use (a daemon cursor, keyed by path), so
+#: a ledger that vanishes is refused instead of silently starting every revision again at 1.
+_LEDGER_SEEN = "idem_assets/outbox_ledger_seen:"
+#: What starting an empty ledger means for the deliveries the old one recorded.
+_STARTING_AGAIN = (
+    "every partition then performs its actions again as revision 1; content that did not"
+    " change gets the same key as before, so a receiver that drops repeated keys drops it,"
+    " but an e-mail is sent again"
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox_deliveries (
@@ -56,23 +73,6 @@ CREATE TABLE IF NOT EXISTS outbox_deliveries (
     PRIMARY KEY (asset, partition_key, action, revision)
 )
 """
-
-
-def content_fingerprint(table: pa.Table) -> str:
-    """Order-independent fingerprint of rows (count and sum of row hashes), as the tables' own."""
-    names = sorted(table.column_names)
-    # Positional names: the frame's own column names need not be SQL identifiers.
-    renamed = table.select(names).rename_columns([f"c{i}" for i in range(len(names))])
-    con = duckdb.connect()
-    try:
-        con.register("content", renamed)
-        cols = ", ".join(f"c{i}" for i in range(len(names))) or "NULL"
-        count, digest = con.execute(
-            f"SELECT count(*), coalesce(sum(hash({cols})::HUGEINT), 0) FROM content"
-        ).fetchall()[0]
-    finally:
-        con.close()
-    return f"{count}:{int(digest) % (1 << 128):032x}"
 
 
 def idempotency_key(
@@ -136,22 +136,36 @@ class Outbox(dg.ConfigurableResource):
             " warehouse: rebuilding the warehouse must not resend every report."
         ),
     )
+    lock_timeout: float = Field(
+        default=10.0,
+        description=(
+            "Seconds to wait for another connection's write lock on the ledger before refusing"
+            " to deliver. A claim holds the lock for milliseconds, so a longer wait means a"
+            " transaction left open."
+        ),
+    )
 
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        Path(self.ledger).parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode: transactions are opened explicitly with BEGIN IMMEDIATE.
-        with closing(sqlite3.connect(self.ledger, timeout=60, isolation_level=None)) as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute(_SCHEMA)
-            yield conn
+    def _connect(self, where: str, sent: bool = False) -> Iterator[sqlite3.Connection]:
+        """The ledger, open; any failure of it as an :class:`OutboxError` with its fix."""
+        path = Path(self.ledger)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode: transactions are opened explicitly with BEGIN IMMEDIATE.
+            connection = sqlite3.connect(path, timeout=self.lock_timeout, isolation_level=None)
+            with closing(connection) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute(_SCHEMA)
+                yield conn
+        except (sqlite3.Error, OSError) as exc:
+            raise OutboxError(_ledger_failure(path, where, exc, sent, self.lock_timeout)) from exc
 
     def deliver(
         self,
         context: dg.AssetExecutionContext | dg.OpExecutionContext,
         action: str,
-        content: pa.Table | str,
+        content: Any,
         send: Callable[[Delivery], object],
         *,
         partition: str | None = None,
@@ -159,49 +173,60 @@ class Outbox(dg.ConfigurableResource):
     ) -> DeliveryResult:
         """Perform ``send`` unless this content was already delivered for the partition.
 
-        ``content`` is the table the action carries (or its fingerprint). ``partition`` defaults
-        to the run's partition key; a range run delivers once per partition, so it must name one.
+        ``content`` is what the action carries: a table (pyarrow, pandas or Polars), text or
+        bytes, JSON-like data, or a fingerprint from :func:`content_fingerprint`; the ledger
+        keeps only its fingerprint. ``partition`` defaults to the run's partition key; a range
+        run delivers once per partition, so it must name one of the run's partitions.
         ``on_stage`` is a test hook called at ``"claimed"``, ``"performed"`` and ``"recorded"``.
         """
         asset = context.asset_key.to_user_string()
         part = self._partition(context, asset, action, partition)
-        fingerprint = content if isinstance(content, str) else content_fingerprint(content)
+        fingerprint, earlier = fingerprints_of(content)
         stage = on_stage or OUTBOX_STAGE_HOOK.get() or _no_stage
-        with self._connect() as conn:
+        where = f"{action} of asset '{asset}', partition {part or '(unpartitioned)'}"
+        started = self._known_ledger(context.instance, where)
+        with self._connect(where) as conn:
             run_id = context.run.run_id
-            outcome, delivery = self._claim(conn, asset, part, action, fingerprint, run_id)
-            where = f"{action} of asset '{asset}', partition {part or '(unpartitioned)'}"
-            if outcome == "skipped":
-                context.log.info(
-                    f"Outbox: skipped {where}: revision {delivery.revision} (key {delivery.key})"
-                    f" already delivered this content (fingerprint {fingerprint}); a rerun with"
-                    " the same content does not repeat it."
-                )
-                return DeliveryResult("skipped", delivery)
-            if outcome == "retried":
-                context.log.warning(
-                    f"Outbox: {where}, revision {delivery.revision} (key {delivery.key}) was"
-                    " started before but never recorded as delivered (a crash between the action"
-                    " and the ledger write?). Performing it again with the same key, so the"
-                    " receiver can drop it if it already arrived."
-                )
-            stage("claimed")
-            try:
-                send(delivery)
-            except Exception as exc:
-                exc.add_note(
-                    f"Outbox: {where}, revision {delivery.revision} stays pending; the next run"
-                    f" performs it again with the same key {delivery.key}, so the receiver can"
-                    " drop it if this attempt got through."
-                )
-                raise
-            stage("performed")
+            outcome, delivery = self._claim(
+                conn, asset, part, action, (fingerprint, *earlier), run_id
+            )
+        if started:
+            context.log.info(f"Outbox: started a new ledger {self.ledger}.")
+        if outcome == "skipped":
+            context.log.info(
+                f"Outbox: skipped {where}: revision {delivery.revision} (key {delivery.key})"
+                f" already delivered this content (fingerprint {delivery.fingerprint}); a rerun"
+                " with the same content does not repeat it."
+            )
+            return DeliveryResult("skipped", delivery)
+        if outcome == "retried":
+            context.log.warning(
+                f"Outbox: {where}, revision {delivery.revision} (key {delivery.key}) was"
+                " started before but never recorded as delivered (a crash between the action"
+                " and the ledger write?). Performing it again with the same key, so the"
+                " receiver can drop it if it already arrived."
+            )
+        stage("claimed")
+        token = OUTBOX_SENDING.set(True)
+        try:
+            send(delivery)
+        except Exception as exc:
+            exc.add_note(
+                f"Outbox: {where}, revision {delivery.revision} stays pending; the next run"
+                f" performs it again with the same key {delivery.key}, so the receiver can"
+                " drop it if this attempt got through."
+            )
+            raise
+        finally:
+            OUTBOX_SENDING.reset(token)
+        stage("performed")
+        with self._connect(where, sent=True) as conn:
             conn.execute(
                 "UPDATE outbox_deliveries SET status = 'delivered', delivered_at = ?"
                 " WHERE idempotency_key = ?",
                 [_now(), delivery.key],
             )
-            stage("recorded")
+        stage("recorded")
         verb = "corrected" if delivery.supersedes else "performed"
         context.log.info(
             f"Outbox: {verb} {where}: revision {delivery.revision}, key {delivery.key},"
@@ -215,7 +240,7 @@ class Outbox(dg.ConfigurableResource):
         """Every ledger row, oldest first."""
         if not Path(self.ledger).exists():
             return []
-        with self._connect() as conn:
+        with self._connect("the outbox's records") as conn:
             rows = conn.execute(
                 "SELECT asset, partition_key, action, revision, fingerprint, idempotency_key,"
                 " supersedes, status, attempts, run_id FROM outbox_deliveries"
@@ -226,6 +251,27 @@ class Outbox(dg.ConfigurableResource):
             for row in rows
         ]
 
+    def _known_ledger(self, instance: dg.DagsterInstance, where: str) -> bool:
+        """Refuse a ledger the instance saw in use that is gone; ``True`` when it starts now."""
+        path = Path(self.ledger).absolute()
+        mark = _LEDGER_SEEN + str(path)
+        seen = instance.run_storage.get_cursor_values({mark}).get(mark)
+        exists = path.exists()
+        if seen and not exists:
+            quoted = shlex.quote(str(path))
+            raise OutboxError(
+                f"Refused to deliver {where}: its ledger {path} is gone, though this Dagster"
+                f" instance saw it in use (first on {seen[:10]}). Without it the outbox cannot"
+                " tell what was delivered: every partition would perform its actions again as"
+                " revision 1, and a correction would not name the revision it supersedes."
+                " Nothing was sent. Fix: restore the ledger from a backup to that path; or, to"
+                f" start an empty ledger knowingly ({_STARTING_AGAIN}): mkdir -p"
+                f" {shlex.quote(str(path.parent))} && touch {quoted}"
+            )
+        if not seen:
+            instance.run_storage.set_cursor_values({mark: _now()})
+        return not exists
+
     def _partition(
         self,
         context: dg.AssetExecutionContext | dg.OpExecutionContext,
@@ -234,7 +280,7 @@ class Outbox(dg.ConfigurableResource):
         partition: str | None,
     ) -> str:
         if partition is not None:
-            return partition
+            return _own_partition(context, asset, action, partition)
         if context.has_partition_key_range and len(context.partition_keys) > 1:
             raise ConfigurationError(
                 f"Outbox: asset '{asset}' runs partitions {context.partition_keys[0]}..."
@@ -250,9 +296,11 @@ class Outbox(dg.ConfigurableResource):
         asset: str,
         partition: str,
         action: str,
-        fingerprint: str,
+        fingerprints: Sequence[str],
         run_id: str,
     ) -> tuple[Outcome, Delivery]:
+        """Claim the content's revision; ``fingerprints``: its own first, then earlier forms."""
+        fingerprint = fingerprints[0]
         # IMMEDIATE takes the write lock before reading, so two runs cannot claim one revision.
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -262,11 +310,10 @@ class Outbox(dg.ConfigurableResource):
                 " ORDER BY revision DESC LIMIT 1",
                 [asset, partition, action],
             ).fetchall()
-            if latest and latest[0][1] == fingerprint:
-                revision, _, key, supersedes, status = latest[0]
-                delivery = Delivery(
-                    asset, partition, action, revision, fingerprint, key, supersedes
-                )
+            if latest and latest[0][1] in fingerprints:
+                # The revision keeps the fingerprint its key was made of.
+                revision, recorded, key, supersedes, status = latest[0]
+                delivery = Delivery(asset, partition, action, revision, recorded, key, supersedes)
                 if status == "delivered":
                     conn.execute("COMMIT")
                     return "skipped", delivery
@@ -303,3 +350,130 @@ def _now() -> str:
 
 def _no_stage(stage: str) -> None:
     pass
+
+
+def _own_partition(
+    context: dg.AssetExecutionContext | dg.OpExecutionContext,
+    asset: str,
+    action: str,
+    partition: str,
+) -> str:
+    """``partition`` spelt as Dagster spells the key, refused unless the run materialises it."""
+    partitioned = context.has_partition_key or context.has_partition_key_range
+    owned = list(context.partition_keys) if partitioned else []
+    if not owned:
+        raise ConfigurationError(
+            f"Outbox: asset '{asset}' is not partitioned, so '{action}' has no partition"
+            f" {partition!r} to belong to. Nothing was sent. Fix: leave partition= out, and"
+            " name each of its deliveries in the action instead, e.g."
+            f" outbox.deliver(context, '{action}_{partition}', ...)."
+        )
+    partitions_def = context.assets_def.partitions_def
+    key = _dagster_key(partitions_def, partition) if partitions_def else partition
+    if key in owned:
+        return key
+    shown = ", ".join(owned[:5]) + (f", ... ({len(owned)} in all)" if len(owned) > 5 else "")
+    raise ConfigurationError(
+        f"Outbox: asset '{asset}' delivers '{action}' for partition {partition!r}, which this"
+        f" run does not materialise (it runs {shown}). Its rerun would not see this delivery,"
+        " and a run of that partition would send the same content again under its own key."
+        f" Nothing was sent. Fix: deliver from the run of {partition!r}, or pass one of this"
+        f" run's partitions, e.g. partition=context.partition_keys[0] ({owned[0]!r})."
+    )
+
+
+def _dagster_key(partitions_def: dg.PartitionsDefinition, key: str) -> str:
+    """The key as its definition spells it (``2026-1-2`` is ``2026-01-02``); as given if none."""
+    if isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
+        try:
+            start = partitions_def.time_window_for_partition_key(key).start
+            return partitions_def.get_partition_key_for_timestamp(start.timestamp())
+        except Exception:  # Dagster raises ValueError or CheckError for an unparsable key.
+            return key
+    if isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        try:
+            by_dimension = partitions_def.get_partition_key_from_str(key).keys_by_dimension
+        except Exception:
+            return key
+        return str(
+            dg.MultiPartitionKey(
+                {
+                    d.name: _dagster_key(d.partitions_def, by_dimension[d.name])
+                    for d in partitions_def.partitions_defs
+                }
+            )
+        )
+    return key
+
+
+def _ledger_failure(path: Path, where: str, exc: Exception, sent: bool, lock_timeout: float) -> str:
+    """What went wrong with the ledger, what it means for the delivery, and the fix."""
+    name = getattr(exc, "sqlite_errorname", "")
+    quoted = shlex.quote(str(path))
+    if name == "SQLITE_BUSY" or "locked" in str(exc):
+        what = (
+            f"the ledger {path} stayed locked by another connection for {lock_timeout:g} s (a"
+            " transaction left open: a delivery that hangs in another process, an open sqlite3"
+            " shell, a backup)"
+        )
+        fix = (
+            "end the other connection's transaction (commit or close it), then rerun this"
+            " partition; or raise Outbox(lock_timeout=...) if deliveries really queue that long."
+        )
+    elif name in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+        what = (
+            f"the ledger {path} is not a readable SQLite database ({exc}): corrupt, or another"
+            " file at that path"
+        )
+        fix = (
+            f"restore it from a backup; or set it aside and start an empty ledger knowingly"
+            f" ({_STARTING_AGAIN}): mv {quoted} {shlex.quote(str(path) + '.corrupt')}"
+            f" && touch {quoted}"
+        )
+    elif name in ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM") or isinstance(
+        exc, PermissionError
+    ):
+        what = f"the ledger {path} cannot be written ({exc})"
+        fix = _write_fix(path)
+    else:
+        what = f"the ledger {path} failed ({type(exc).__name__}: {exc})"
+        fix = "repair or restore the ledger file, then rerun this partition."
+    if sent:
+        return (
+            f"Outbox: {where} was performed, but {what}, so it could not be recorded. It stays"
+            " pending: the next run performs it again with the same key, so the receiver can"
+            f" drop it. Fix: {fix}"
+        )
+    # No full stop after the fix: it may end in a command, to be run as printed.
+    return f"Refused to deliver {where}: {what}. Nothing was sent. Fix: {fix}"
+
+
+def _write_fix(path: Path) -> str:
+    """The command that makes the ledger, and the folder its journal files go in, writable."""
+    # SQLite keeps <ledger>-wal and <ledger>-shm next to the file, so the folder must be writable.
+    places = [p for p in (path, path.parent) if p.exists()]
+    if any(os.statvfs(p).f_flag & os.ST_RDONLY for p in places):
+        return "point Outbox(ledger=...) at a writable volume: this one is mounted read-only."
+    pinned = [p for p in places if _immutable(p)]
+    if pinned:
+        return "chattr -i " + " ".join(shlex.quote(str(p)) for p in pinned)
+    blocked = [p for p in places if not os.access(p, os.W_OK)]
+    if blocked:
+        return "chmod u+w " + " ".join(shlex.quote(str(p)) for p in blocked)
+    return "give the user running Dagster write access to the ledger and its folder."
+
+
+def _immutable(path: Path) -> bool:
+    """Whether ``path`` has Linux's immutable flag (chattr +i), which even root cannot write."""
+    get_flags, immutable = 0x80086601, 0x10  # FS_IOC_GETFLAGS, FS_IMMUTABLE_FL
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        flags = fcntl.ioctl(fd, get_flags, b"\0" * 8)
+        return bool(int.from_bytes(flags[:4], sys.byteorder) & immutable)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -2,7 +2,7 @@
 
 Nothing here knows the engine: the batch is judged as Arrow (in the library's embedded DuckDB
 evaluator), the target through the counts its backend reports. Each guard raises an
-:class:`~idem_assets.lib.errors.IdempotencyError` before anything has changed.
+:class:`~idem_assets.lib.model.errors.IdempotencyError` before anything has changed.
 """
 
 from collections.abc import Callable

@@ -306,9 +306,12 @@ def _refuse_unusable(
             f" {list(batch_cols)}. Fix: add the column(s) to the batch, or correct the metadata."
         )
     time = settings.time_column
+    # A column with no type (an empty frame's object column) holds no value to misplace: the
+    # guards judge such a batch, as empty or as NULL in a partition column.
+    untyped = pa.types.is_null
     if time:
         ptype = batch_cols[by_name[time.lower()]]
-        if not pa.types.is_date(ptype) and not pa.types.is_timestamp(ptype):
+        if not (pa.types.is_date(ptype) or pa.types.is_timestamp(ptype) or untyped(ptype)):
             raise SchemaMismatchError(
                 f"Refused to write {where}: partition column '{time}' is"
                 f" {dialect.type_sql(ptype)}, not DATE or TIMESTAMP, so window bounds would"
@@ -317,7 +320,8 @@ def _refuse_unusable(
             )
     for column in settings.partition_names:
         ctype = batch_cols[by_name[column.lower()]]
-        if column == time or pa.types.is_string(ctype) or pa.types.is_large_string(ctype):
+        text = pa.types.is_string(ctype) or pa.types.is_large_string(ctype)
+        if column == time or text or untyped(ctype):
             continue
         if not pa.types.is_integer(ctype):
             raise SchemaMismatchError(

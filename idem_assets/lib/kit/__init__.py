@@ -1,0 +1,1 @@
+"""The rerun-safety kit's watchers: what an asset changes outside its IO managers."""
