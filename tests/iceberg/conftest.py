@@ -13,6 +13,7 @@ from idem_assets.lib.backends.iceberg.catalog import IcebergLocation
 from idem_assets.lib.backends.postgres.backend import PostgresLocation
 from tests.conformance.conftest import PASSWORD_ENV
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, events
+from tests.defs.conftest import make_pipeline  # noqa: F401  (the taxi location's pipelines)
 from tests.helpers import NOW, settings, window
 
 #: ``IDEM_FULL=1`` runs the kill trials at their full count (``make test-full``).
