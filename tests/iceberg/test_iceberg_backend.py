@@ -342,3 +342,19 @@ def test_a_rest_catalog_by_url_takes_publishes_and_a_lost_commit_starts_over(
         assert stored(rest) == expected(
             events(ALL_DAYS[0]), events(ALL_DAYS[1], version=4), events(ALL_DAYS[2], version=8)
         )
+
+
+def test_a_key_longer_than_a_file_name_is_stored_and_replaced(location: IcebergLocation) -> None:
+    """Iceberg reads partition values from its manifests: no key needs to fit in a path."""
+    key = "a long region name " * 16
+    regions = dg.StaticPartitionsDefinition([key, "short"])
+    meta = settings(
+        "overwrite", {"partition_expr": "region"}, table="by_region", partitions_def=regions
+    )
+    for version in (1, 2):
+        batch = pa.table({"region": [key, key], "amount": [version, version + 10]})
+        with IcebergBackend(location) as backend:
+            ia.publish(
+                backend, batch, meta, ia.window_from_keys(regions, [key], "by_region"), now=NOW
+            )
+    assert stored(location, "by_region") == [(key, 2), (key, 12)]

@@ -44,6 +44,13 @@ from idem_assets.lib.model.windows import Region
 
 #: The table property naming the asset that owns the table.
 OWNER_PROPERTY = "idem_assets.owner"
+#: Where a new table's data files go: under hashed folders, without the partition values in the
+#: path. Readers take partition values from the manifests, so a category key of any length or
+#: byte is stored as it is, where a ``region=<key>`` folder would outgrow a file name.
+LAYOUT = {
+    TableProperties.OBJECT_STORE_ENABLED: "true",
+    TableProperties.WRITE_OBJECT_STORE_PARTITIONED_PATHS: "false",
+}
 #: Snapshot summary properties: which asset and partitions a snapshot published.
 ASSET_SUMMARY, PARTITIONS_SUMMARY = "idem_assets.asset", "idem_assets.partitions"
 
@@ -178,7 +185,7 @@ def create(
     spec = partition_spec(schema, time_column, categories)
     ensure_namespace(catalog, identifier[0])
     tx = catalog.create_table_transaction(
-        identifier, schema=schema, partition_spec=spec, properties=change.properties
+        identifier, schema=schema, partition_spec=spec, properties={**LAYOUT, **change.properties}
     )
     if change.batch.num_rows:
         tx.append(change.batch, snapshot_properties=change.snapshot_properties)
