@@ -186,7 +186,8 @@ def arrow_expression(r: Region, types: dict[str, pa.DataType] | None = None) -> 
                 ]
                 conds.append(_any(spans))
             else:
-                conds.append(field.isin(list(cond.values)))
+                kind = (types or {}).get(cond.column)
+                conds.append(field.isin(pa.array(list(cond.values), type=kind)))
         boxes.append(_all(conds))
     return _any(boxes)
 
