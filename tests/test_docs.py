@@ -346,3 +346,10 @@ def test_the_tutorial_example_merges_and_audits_as_printed(
             partition_key="2026-01-02",
         )
     assert [r[0] for r in stored(tmp_path / "warehouse.duckdb", "trips")] == ["T1", "T2"]
+
+
+def test_every_file_the_docs_name_exists() -> None:
+    """A path such as `idem_assets/lib/write/guards.py` in the prose points at a real file."""
+    file = re.compile(r"\b(?:idem_assets|tests|benchmarks)/[\w/]+\.py\b")
+    named = {(page(path), found) for path in DOCS for found in file.findall(path.read_text())}
+    assert sorted((doc, f) for doc, f in named if not (REPO_ROOT / f).exists()) == []
