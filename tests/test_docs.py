@@ -313,7 +313,7 @@ def test_the_tutorial_example_merges_and_audits_as_printed(
     trips, resources = namespace["trips"], namespace["defs"].resources
     late = pd.Timestamp("2026-01-02 23:00")
 
-    def raw(rows: list[tuple[str, int, pd.Timestamp]]) -> dg.AssetsDefinition:
+    def raw(rows: list[tuple[str, int, Any]]) -> dg.AssetsDefinition:
         @dg.asset(
             name="raw_trips",
             partitions_def=namespace["daily"],
