@@ -39,7 +39,7 @@ from idem_assets.testing import (
     assert_rerun_idempotent,
     assert_rerun_safe,
 )
-from tests.helpers import DAILY, http_receiver, readme_python
+from tests.helpers import DAILY, doc_python, http_receiver
 
 DAY = "2026-01-02"
 RANGE = ("2026-01-01", "2026-01-02")
@@ -382,18 +382,18 @@ def test_an_outbox_action_whose_content_changes_every_run_fails_the_rerun(
     )
 
 
-def test_the_readme_kit_example_runs_as_printed(tmp_path: Path) -> None:
-    code = readme_python("## Prove your own assets are safe to rerun")
+def test_the_documented_kit_example_runs_as_printed(tmp_path: Path) -> None:
+    code = doc_python("## A first proof", doc="docs/testing.md")
     assert len(code.strip().splitlines()) <= 25
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/testing.md", "exec"), namespace)
     namespace["test_orders_are_rerun_safe"](tmp_path)
 
 
-def test_the_readme_outbox_example_sends_once_per_content(tmp_path: Path) -> None:
+def test_the_documented_outbox_example_sends_once_per_content(tmp_path: Path) -> None:
     namespace: dict[str, Any] = {}
-    code = readme_python("## Side effects a rerun does not repeat: the outbox")
-    exec(compile(code, "README.md", "exec"), namespace)
+    code = doc_python("## In short", doc="docs/outbox.md")
+    exec(compile(code, "docs/outbox.md", "exec"), namespace)
     outbox = ia.Outbox(ledger=str(tmp_path / "outbox.sqlite"))
     for _ in range(2):
         dg.materialize(

@@ -36,7 +36,7 @@ BACKFILL_RANGE = "[2026-01-01...2026-01-05]"
 SHOWN_RANGE = "[2026-01-01...2026-01-06]"
 BLOCKING_CHECK = "passenger_count_between_1_and_6"
 RUN_TIMEOUT_S = 180.0
-#: The days of the README's `dagster job backfill` command.
+#: The days of docs/backfills.md's `dagster job backfill` command.
 CLI_DAYS = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-01-05"]
 
 _RUNS_BY_TAG = """
