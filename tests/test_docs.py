@@ -44,8 +44,7 @@ FIRST_HOUR = (
 #: Which test runs each shell command a page prints, exactly as printed.
 RUN_BY: dict[str, dict[str, str]] = {
     "README.md": {
-        "make demo": "tests/test_docs_commands.py::"
-        "test_make_demo_runs_as_printed_and_prints_no_framework_warning",
+        "make demo": "tests/defs/test_demo.py::test_demo_runs_end_to_end_in_its_own_folders",
     },
     "docs/code-location.md": {
         "dg check defs": FIRST_HOUR,
