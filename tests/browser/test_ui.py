@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from defs import run_dev_data
 from e2e.dagster_services import TERMINAL_RUN_STATUSES, DagsterServices, ServicesError
 from e2e.readme import dagster_commands
 from playwright.sync_api import Locator, Page, expect
 
 from idem_assets import landing
 from idem_assets.defs.partitions import DAILY, GROUP
+from tests.defs.support import run_dev_data
 
 from .conftest import REPO_ROOT, Screenshots
 

@@ -14,7 +14,7 @@ from idem_assets import landing
 from idem_assets.defs.partitions import DAILY
 from idem_assets.worked_example import render_table, run_worked_example
 
-from . import REPO, TABLES, VENV_BIN, rows_per_day, run_dev_data
+from .support import REPO, TABLES, VENV_BIN, rows_per_day, run_dev_data
 
 #: What Dagster prints for an API in beta or preview, or going away.
 FRAMEWORK_WARNING = re.compile(r"\b\w*(Beta|Preview|Deprecation|Supersession)Warning\b")

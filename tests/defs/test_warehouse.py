@@ -23,7 +23,7 @@ from idem_assets.defs.warehouse import (
 from idem_assets.lib.backends.postgres.backend import PostgresLocation
 from tests.helpers import doc_bash
 
-from . import (
+from .support import (
     REPO,
     ROWS,
     VENV_BIN,

@@ -10,7 +10,7 @@ import pytest
 import idem_assets as ia
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from tests.helpers import NOW, doc_python, settings, window
-from tests.reliability import day_batch
+from tests.reliability.support import day_batch
 
 DOC = "docs/postgres.md"
 
