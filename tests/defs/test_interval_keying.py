@@ -8,7 +8,7 @@ import time_machine
 
 import idem_assets
 
-from . import TABLES, MakePipeline, days
+from .support import TABLES, MakePipeline, days
 
 PACKAGE = Path(idem_assets.__file__).parent
 #: The code location and the audit: everything that decides what a partition holds.

@@ -16,7 +16,7 @@ from idem_assets.lib.backends.postgres import sql
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from idem_assets.lib.model.windows import Condition
 from tests.helpers import DAILY, NOW, TRIPS_METADATA, settings, window
-from tests.reliability import day_batch
+from tests.reliability.support import day_batch
 
 PASSWORD_ENV = "IDEM_PG_IO_PASSWORD"
 DAY, NEXT = "2026-01-01", "2026-01-02"

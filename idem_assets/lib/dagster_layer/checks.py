@@ -51,7 +51,8 @@ class SampleScope:
         order = f" ORDER BY {order_by}" if order_by else ""
         return sample_records(
             self.con,
-            f"SELECT * FROM {quote(self.relation)} WHERE {condition}{order} LIMIT {int(self.limit)}",
+            f"SELECT * FROM {quote(self.relation)} WHERE {condition}{order}"
+            f" LIMIT {int(self.limit)}",
         )
 
 
@@ -81,7 +82,7 @@ class Check:
         """The Dagster check spec, partitioned like its asset so each day gets its own verdict.
 
         Blocking checks stop downstream assets when they fail. ``partitions_def`` on a check is
-        a Dagster preview API; README, "Dagster APIs in preview", names the fallback.
+        a Dagster preview API; docs/preview-apis.md names the fallback.
         """
         return dg.AssetCheckSpec(
             name=self.name,
@@ -237,7 +238,9 @@ class InWindow(Check):
         """Rows outside the window (a partition on its own holds none)."""
         if scope.day is not None or not scope.partition_columns or scope.window is None:
             return []
-        schema = scope.con.sql(f"SELECT * FROM {quote(scope.relation)} LIMIT 0").to_arrow_table().schema
+        schema = (
+            scope.con.sql(f"SELECT * FROM {quote(scope.relation)} LIMIT 0").to_arrow_table().schema
+        )
         columns = [c for _, c in scope.partition_columns]
         region = region_for(
             scope.window, scope.partition_columns, {c: schema.field(c).type for c in columns}

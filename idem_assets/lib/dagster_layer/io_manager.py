@@ -1,13 +1,14 @@
 """Dagster IO managers that make a rerun replace a partition instead of adding to it.
 
 :class:`IdempotentIOManager` is the Dagster plumbing (settings, windows, metadata, the
-missing-upstream check) over any :class:`~idem_assets.lib.backends.protocol.Backend`; an engine's
-IO managers only say how to open its backend.
+missing-upstream check) over any :class:`~idem_assets.lib.write.seam.Backend`; an engine's IO
+managers only say how to open its backend (and, for the rerun-safety kit, how to move it).
 """
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Self
 
 import dagster as dg
 import pandas as pd
@@ -54,6 +55,24 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     def _location(self) -> str:
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
+
+    def relocated(self, directory: Path) -> Self | None:
+        """This IO manager with its tables under ``directory``; ``None`` if they cannot move.
+
+        The rerun-safety kit gives each trial a fresh store this way. An engine whose tables
+        live on a server cannot be moved into a directory, so it says ``None``.
+        """
+        return None
+
+    def _replaced(self, **fields: Any) -> Self:
+        """A copy with ``fields`` changed (model_copy would keep Dagster's stored config)."""
+        config = {
+            (info.alias or name): getattr(self, name)
+            for name, info in type(self).model_fields.items()
+        }
+        for name, value in fields.items():
+            config[type(self).model_fields[name].alias or name] = value
+        return type(self)(**config)
 
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output

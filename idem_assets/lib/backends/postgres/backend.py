@@ -1,12 +1,11 @@
 """The PostgreSQL backend: one transaction per publish, binary COPY of Arrow, per-partition locks.
 
-The refusals are the guards' (:mod:`idem_assets.lib.write.guards`), decided on the staged Arrow batch
-in an embedded DuckDB: nothing goes to the server before they pass, except the batch's keys for
-a merge (a temporary table the transaction drops). Writers of one window queue on
-transaction-scoped advisory locks, one per partition, taken in sorted order, so two writers of a
-partition can never double it while writers of other partitions run in parallel; readers are
-never blocked.
-Rows travel as Arrow over the ADBC driver's binary COPY.
+The refusals are the guards' (:mod:`idem_assets.lib.write.guards`), decided on the staged Arrow
+batch in an embedded DuckDB: nothing goes to the server before they pass, except the batch's keys
+for a merge (a temporary table the transaction drops). Writers of one window queue on transaction-
+scoped advisory locks, one per partition, taken in sorted order, so two writers of a partition can
+never double it while writers of other partitions run in parallel; readers are never blocked. Rows
+travel as Arrow over the ADBC driver's binary COPY.
 """
 
 import re
@@ -14,7 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import adbc_driver_postgresql.dbapi as adbc
@@ -230,7 +229,7 @@ CAPABILITIES = Capabilities(
 class PostgresBackend:
     """Publishes through one open ADBC connection; the caller owns (and closes) it."""
 
-    capabilities = CAPABILITIES
+    capabilities: ClassVar[Capabilities] = CAPABILITIES
 
     def __init__(self, conn: adbc.Connection) -> None:
         """Wrap ``conn``; nothing is read until a publish asks."""
