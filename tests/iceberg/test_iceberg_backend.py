@@ -15,11 +15,13 @@ import idem_assets as ia
 from idem_assets.lib.backends.iceberg.backend import IcebergBackend
 from idem_assets.lib.backends.iceberg.catalog import IcebergLocation
 from idem_assets.lib.backends.iceberg.commit import OWNER_PROPERTY
+from idem_assets.testing import assert_rerun_safe
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, REFUSALS, _failure, events
 from tests.conformance.test_replace_contract import asset as contract_asset
 from tests.helpers import NOW, range_tags, settings, window
 from tests.iceberg.conftest import expected, files_on_disk, fill, publish, stored
 from tests.iceberg.rest_server import RestCatalogServer
+from tests.test_testing_kit import RANGE, latest_orders, orders
 
 
 def table_of(location: IcebergLocation, table: str = "events") -> Any:
@@ -358,3 +360,21 @@ def test_a_key_longer_than_a_file_name_is_stored_and_replaced(location: IcebergL
                 backend, batch, meta, ia.window_from_keys(regions, [key], "by_region"), now=NOW
             )
     assert stored(location, "by_region") == [(key, 2), (key, 12)]
+
+
+def test_an_iceberg_store_is_moved_into_each_trial_of_the_rerun_kit(tmp_path: Path) -> None:
+    # Each trial gets its own catalog and warehouse: sharing one, the second trial's days would
+    # overwrite the first's and the comparison would pass whatever the assets did.
+    given = IcebergLocation.local(tmp_path / "given")
+    io_manager = ia.IcebergOverwriteIOManager(catalog_uri=given.uri, warehouse=given.warehouse)
+    report = assert_rerun_safe(
+        [orders, latest_orders],
+        resources={"io_manager": io_manager},
+        partition_range=RANGE,
+        workdir=tmp_path / "trials",
+        properties=["rerun", "chunking"],
+    )
+    assert report.compared == ["orders", "latest_orders"]
+    assert not (tmp_path / "given").exists()
+    catalogs = sorted(p.parents[1].name for p in (tmp_path / "trials").glob("*/iceberg/catalog.db"))
+    assert catalogs == ["baseline", "chunked"]

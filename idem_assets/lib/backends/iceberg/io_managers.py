@@ -2,7 +2,8 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import ClassVar
+from pathlib import Path
+from typing import ClassVar, Self
 
 from pydantic import Field
 
@@ -65,6 +66,14 @@ class _IcebergIOManager(IdempotentIOManager):
 
     def _location(self) -> str:
         return self.location().describe()
+
+    def relocated(self, directory: Path) -> Self | None:
+        """A SQLite catalog and a warehouse folder in ``directory``; a server's catalog stays."""
+        local = self.warehouse is None or self.warehouse.startswith("file://")
+        if not self.catalog_uri.startswith("sqlite:") or not local:
+            return None
+        moved = IcebergLocation.local(directory / "iceberg", self.catalog_name)
+        return self._replaced(catalog_uri=moved.uri, warehouse=moved.warehouse)
 
 
 class IcebergOverwriteIOManager(_IcebergIOManager):
