@@ -19,7 +19,7 @@ from idem_assets.defs.warehouse import (
     WAREHOUSE_ENV,
     warehouse_slots,
 )
-from tests.defs import REPO, ROWS, VENV_BIN, MakePipeline, days
+from tests.defs.support import REPO, ROWS, VENV_BIN, MakePipeline, days
 from tests.defs.test_warehouse import run_the_chain_and_check_it
 from tests.iceberg.conftest import FULL
 
