@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import dagster as dg
-import pandas as pd
 import pyarrow as pa
 from pydantic import Field
 
@@ -126,7 +125,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
                 if maps_to_nothing or _reads_itself(context):
-                    return from_arrow(pa.table({}), frame_type) if want_arrow else pd.DataFrame()
+                    return from_arrow(pa.table({}), frame_type) if want_arrow else _no_rows()
                 raise dg.Failure(
                     f"Asset '{settings.asset}' has no table {settings.schema}.{settings.table} in"
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
@@ -271,3 +270,10 @@ def partition_metadata(part: PartitionResult, window: PartitionWindow) -> dict[s
         "partitions_written": 1,
         "window": _window_text(WriteWindow((window,))),
     }
+
+
+def _no_rows() -> Any:
+    """An empty pandas DataFrame; pandas is imported only by an input that asks for one."""
+    import pandas as pd
+
+    return pd.DataFrame()
