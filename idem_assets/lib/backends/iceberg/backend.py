@@ -19,9 +19,8 @@ With ``audit`` checks the publish is a write-audit-publish on a branch (:mod:`.a
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import pandas as pd
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
@@ -65,6 +64,10 @@ from idem_assets.lib.write.seam import (
     WritePlan,
     Written,
 )
+
+if TYPE_CHECKING:
+    # Only the annotations name pandas: importing it costs a run worker about a second.
+    import pandas as pd
 
 _PREFIX = "idem-iceberg-"
 
@@ -171,7 +174,7 @@ class IcebergBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
-    ) -> pa.Table | pd.DataFrame | None:
+    ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         found = self.open(settings.schema, settings.table)
         if found is None:

@@ -28,7 +28,6 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from sqlglot import exp
-from sqlglot.expressions.core import Expression
 
 from idem_assets.lib.model.windows import Bound, Box, Region
 from idem_assets.lib.sql import predicates
@@ -63,7 +62,7 @@ def box_filter(box: Box, types: Mapping[str, pa.DataType]) -> BooleanExpression:
 
 
 def _converted(
-    node: Expression, values: Sequence[Any], types: Mapping[str, pa.DataType]
+    node: exp.Expr, values: Sequence[Any], types: Mapping[str, pa.DataType]
 ) -> BooleanExpression:
     """The builder's tree as pyiceberg's expression, its placeholders bound to ``values``."""
     if isinstance(node, exp.Paren):
