@@ -255,14 +255,11 @@ FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
 }
 
 #: ``IDEM_FULL=1`` runs the whole suite on the Iceberg PostgreSQL catalog too (``make
-#: test-full``); the everyday run gives it the replace contract and the races, the rest of the
-#: suite running on the Iceberg SQLite catalog (the same backend, another catalog).
+#: test-full``); the everyday run gives it the races and first writers, where the catalogs'
+#: compare-and-swap differs, the rest of the suite running on the Iceberg SQLite catalog (the
+#: same backend, another catalog).
 FULL = os.environ.get("IDEM_FULL", "") not in ("", "0")
-_EVERYDAY_ON_ICEBERG_POSTGRES = (
-    "test_replace_contract.py",
-    "test_races.py",
-    "test_first_writers.py",
-)
+_EVERYDAY_ON_ICEBERG_POSTGRES = ("test_races.py", "test_first_writers.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

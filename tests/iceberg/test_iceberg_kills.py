@@ -61,7 +61,7 @@ def go(process: Any) -> None:
 
 @pytest.mark.parametrize(
     ("catalog", "trials"),
-    [("sqlite", 20 if FULL else 3), ("postgres", 20 if FULL else 2)],
+    [("sqlite", 20 if FULL else 2), ("postgres", 20 if FULL else 1)],
 )
 def test_a_killed_writer_leaves_main_at_the_old_or_the_new_snapshot(
     request: pytest.FixtureRequest, location: IcebergLocation, catalog: str, trials: int
