@@ -27,7 +27,8 @@ test: $(STAMP) browser-deps postgres-deps
 # Iceberg kills (20 per catalog), its races and whole conformance run on the PostgreSQL catalog.
 test-full: $(STAMP) postgres-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider
-	IDEM_FULL=1 $(BIN)/python -m pytest tests/iceberg tests/conformance -q -p no:cacheprovider -k iceberg
+	IDEM_FULL=1 $(BIN)/python -m pytest tests/iceberg tests/conformance -q -p no:cacheprovider -k iceberg -m "not full"
+	IDEM_FULL=1 $(BIN)/python -m pytest -m full -q -p no:cacheprovider
 	IDEM_PARALLEL_DAYS=31 $(BIN)/python -m pytest tests/e2e/test_parallel_backfill.py -q -p no:cacheprovider
 
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.

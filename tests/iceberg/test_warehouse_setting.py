@@ -21,7 +21,6 @@ from idem_assets.defs.warehouse import (
 )
 from tests.defs.support import REPO, ROWS, VENV_BIN, MakePipeline, days
 from tests.defs.test_warehouse import run_the_chain_and_check_it
-from tests.iceberg.conftest import FULL
 
 DAYS = days("2026-01-01", "2026-01-03")
 
@@ -35,7 +34,7 @@ def docs_bash(heading: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not FULL, reason="the whole chain on Iceberg runs under IDEM_FULL=1")
+@pytest.mark.full
 def test_the_chain_runs_on_iceberg_by_one_setting(
     make_pipeline: MakePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
