@@ -3,6 +3,7 @@
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from postgres_server import PostgresServer, PostgresUnavailableError, find_bin_dir
@@ -10,6 +11,9 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling, Scheduling
 
 from idem_assets.lib.backends.postgres.backend import PostgresLocation
+
+if TYPE_CHECKING:
+    from tests.defs.support import MadeDemo
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,15 +26,27 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("DAGSTER_HOME", None)
 
 
-#: Tests that start dagster-daemon, the webserver or Chromium run one after another on one
-#: worker (`make test` runs two, `--dist loadgroup`): two daemons' start-ups and ticks at once
-#: would only slow both, while in-process tests fill the other core.
-SERVICE_DIRS = ("tests/e2e/", "tests/browser/")
-SERVICE_GROUP = "services"
+#: Tests that start dagster-daemon, the webserver or Chromium run one after another in their
+#: group, each group on one worker (`make test` runs two, `--dist loadgroup`): the browser tests
+#: with the demo test, whose `make demo` folder they share (the `made_demo` fixture, built once
+#: per worker), and the e2e tests. The two groups are the largest units of work, so xdist hands
+#: them out first (it orders units by their number of tests) and each worker starts on one;
+#: in-process tests fill the gaps, as the services mostly wait on ticks and polls. One group for
+#: all of them was a single chain of 40 minutes that capped the whole run.
+SERVICE_GROUPS = {
+    "tests/browser/": "browser",
+    "tests/defs/test_demo.py": "browser",
+    "tests/e2e/": "e2e",
+}
+#: Modules whose tests share a module-scoped fixture that costs half a minute or more to build
+#: (tests/test_benchmarks_smoke.py runs every benchmark at the tiny scale once, the first-hour
+#: module writes `make dev-data`'s year of files): each module is one unit of work, or both
+#: workers would build the fixture.
+SHARED_SETUP_MODULES = ("tests/test_benchmarks_smoke.py", "tests/defs/test_first_hour.py")
 
 
 class ServiceGroupScheduling(LoadGroupScheduling):
-    """pytest-xdist's loadgroup, with every test under SERVICE_DIRS in one group by its path.
+    """pytest-xdist's loadgroup, with the groups above taken from each test's path.
 
     An `xdist_group` mark groups nothing here: pytest-xdist 3.8 appends the group to
     `item._nodeid`, which pytest 9.2 no longer reads (its node ids live in `item._id`), so the
@@ -38,9 +54,12 @@ class ServiceGroupScheduling(LoadGroupScheduling):
     """
 
     def _split_scope(self, nodeid: str) -> str:
-        """Return the group of a node id: the service group, else loadgroup's own."""
-        if nodeid.startswith(SERVICE_DIRS):
-            return SERVICE_GROUP
+        """Return the group of a node id: its service group or module, else loadgroup's own."""
+        for prefix, group in SERVICE_GROUPS.items():
+            if nodeid.startswith(prefix):
+                return group
+        if nodeid.startswith(SHARED_SETUP_MODULES):
+            return nodeid.split("::", 1)[0]
         return super()._split_scope(nodeid)
 
 
@@ -76,3 +95,12 @@ def postgres_location(postgres_server: PostgresServer) -> PostgresLocation:
     postgres_server.create_database(name)
     server = postgres_server
     return PostgresLocation(server.host, server.port, server.user, name, server.password)
+
+
+@pytest.fixture(scope="session")
+def made_demo(tmp_path_factory: pytest.TempPathFactory) -> "MadeDemo":
+    """The README's `make demo` as printed, run once per worker; tests go on from a copy_to()."""
+    # Imported here: the code location loads with it, which most sessions never need.
+    from tests.defs.support import run_make_demo
+
+    return run_make_demo(tmp_path_factory.mktemp("made_demo"))

@@ -7,20 +7,30 @@ from pathlib import Path
 from worker_recorder import RECORD_DIR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SERVICE_PATHS = ("tests/e2e", "tests/browser")
+#: The units tests/conftest.py keeps whole, each on one worker: two groups of service tests (the
+#: demo test with the browser tests, whose `make demo` folder it shares) and modules whose tests
+#: share one expensive module-scoped fixture.
+WHOLE_UNITS = {
+    "browser": ("tests/browser", "tests/defs/test_demo.py"),
+    "e2e": ("tests/e2e",),
+    "benchmarks": ("tests/test_benchmarks_smoke.py",),
+    "first hour": ("tests/defs/test_first_hour.py",),
+}
 
 
-def test_every_service_test_runs_on_one_worker_and_the_rest_beside_it(tmp_path: Path) -> None:
-    """All tests/e2e and tests/browser tests go to one worker; in-process tests fill the other."""
+def test_each_service_group_and_shared_setup_module_runs_whole_on_one_worker(
+    tmp_path: Path,
+) -> None:
+    """Each unit's tests all go to one worker; in-process tests are shared out beside them."""
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT / "tests"),
         RECORD_DIR_ENV: str(tmp_path),
     }
     plugins = ["-p", "worker_recorder", "-p", "no:cacheprovider"]
-    paths = [*SERVICE_PATHS, "tests/lib/test_windows.py", "tests/lib/test_sql.py"]
+    whole = [path for paths in WHOLE_UNITS.values() for path in paths]
     done = subprocess.run(
-        ["bash", "scripts/run_tests.sh", *plugins, *paths],
+        ["bash", "scripts/run_tests.sh", *plugins, *whole, "tests/lib/test_windows.py"],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -30,13 +40,12 @@ def test_every_service_test_runs_on_one_worker_and_the_rest_beside_it(tmp_path: 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     given = {record.name: record.read_text().split() for record in tmp_path.iterdir()}
-    with_services = {
-        worker
-        for worker, node_ids in given.items()
-        if any(node_id.startswith(SERVICE_PATHS) for node_id in node_ids)
-    }
     assert sorted(given) == ["gw0", "gw1"]
-    assert len(with_services) == 1
-    # The other worker ran in-process tests meanwhile; the service worker may take some after.
-    (other_worker,) = set(given) - with_services
-    assert given[other_worker]
+    for unit, paths in WHOLE_UNITS.items():
+        ran = [node_id for node_ids in given.values() for node_id in node_ids]
+        assert any(node_id.startswith(paths) for node_id in ran), unit
+        workers = [w for w, node_ids in given.items() if any(n.startswith(paths) for n in node_ids)]
+        assert len(workers) == 1, (unit, workers)
+    # Single tests are shared out one at a time, so both workers took some of the others.
+    windows = {w for w, node_ids in given.items() if any("test_windows" in n for n in node_ids)}
+    assert windows == {"gw0", "gw1"}

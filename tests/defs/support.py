@@ -2,6 +2,7 @@
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -69,6 +70,71 @@ def run_dev_data(landing_dir: Path) -> subprocess.CompletedProcess[str]:
         timeout=300,
         check=True,
     )
+
+
+def readme_command(name: str) -> str:
+    """The line of the README's "Two commands" block that runs ``name``, without its comment."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("\n## Two commands\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    (command,) = [line.split("#")[0].strip() for line in block.splitlines() if name in line]
+    return command
+
+
+@dataclass(frozen=True)
+class MadeDemo:
+    """The folders the README's `make demo` wrote, and what it printed."""
+
+    folder: Path
+    process: subprocess.CompletedProcess[str]
+
+    @property
+    def landing(self) -> Path:
+        """The landing zone (IDEM_LANDING_DIR)."""
+        return self.folder / "landing"
+
+    @property
+    def database(self) -> Path:
+        """The warehouse file (IDEM_DUCKDB_PATH)."""
+        return self.folder / "data" / "warehouse.duckdb"
+
+    @property
+    def home(self) -> Path:
+        """The instance (DAGSTER_HOME)."""
+        return self.folder / "dagster_home"
+
+    def copy_to(self, target: Path) -> "MadeDemo":
+        """The same folders under ``target``, for a test that goes on from where the demo ended."""
+        for name in ("landing", "data", "dagster_home"):
+            shutil.copytree(self.folder / name, target / name)
+        return MadeDemo(target, self.process)
+
+
+def run_make_demo(folder: Path) -> MadeDemo:
+    """Run the README's `make demo` as printed, with its data and instance in ``folder``."""
+    demo = MadeDemo(folder, subprocess.CompletedProcess([], returncode=-1))  # where, not yet run
+    demo.home.mkdir(parents=True)
+    shutil.copy(REPO / "dagster.yaml", demo.home / "dagster.yaml")
+    env = {
+        **os.environ,
+        landing.LANDING_DIR_ENV: str(demo.landing),
+        "IDEM_DUCKDB_PATH": str(demo.database),
+        "DAGSTER_HOME": str(demo.home),
+        "VIRTUAL_ENV": str(VENV_BIN.parent),
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    # As typed in a shell: under `make test` the outer make's variables would change its output.
+    for name in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS"):
+        env.pop(name, None)
+    process = subprocess.run(
+        ["bash", "-c", readme_command("make demo")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    return MadeDemo(folder, process)
 
 
 def delivered_trips(pipeline: "Pipeline", day: str) -> list[dict[str, str]]:

@@ -1,6 +1,9 @@
 """What a new user meets first: one location name, dev data that fits the partitions, the pool."""
 
+import shutil
+import subprocess
 import tomllib
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 
@@ -38,8 +41,27 @@ def test_the_code_location_has_one_name_everywhere() -> None:
     ]
 
 
-def test_make_dev_writes_a_file_for_every_partition_and_today(tmp_path: Path) -> None:
-    result = run_dev_data(tmp_path)
+@dataclass(frozen=True)
+class DevData:
+    """A landing zone `make dev-data` filled from empty, and what the command printed."""
+
+    root: Path
+    result: subprocess.CompletedProcess[str]
+
+
+# Module scope: writing a file for every day up to today takes half a minute of a loaded core;
+# the tests read it, or go on from a copy (tests/conftest.py keeps the module on one worker).
+@pytest.fixture(scope="module")
+def dev_data(tmp_path_factory: pytest.TempPathFactory) -> DevData:
+    root = tmp_path_factory.mktemp("dev_data")
+    return DevData(root, run_dev_data(root))
+
+
+def test_make_dev_writes_a_file_for_every_partition_and_today(
+    dev_data: DevData, tmp_path: Path
+) -> None:
+    result = dev_data.result
+    shutil.copytree(dev_data.root, tmp_path, dirs_exist_ok=True)
 
     today = datetime.now(UTC).date()
     written = landing.list_days(tmp_path)
@@ -56,8 +78,7 @@ def test_make_dev_writes_a_file_for_every_partition_and_today(tmp_path: Path) ->
     assert landing.read_day(tmp_path, date(2026, 1, 3)) == corrected
 
 
-def test_the_schedules_next_tick_has_a_file_after_make_dev(tmp_path: Path) -> None:
-    run_dev_data(tmp_path)
+def test_the_schedules_next_tick_has_a_file_after_make_dev(dev_data: DevData) -> None:
     defs = build_defs()
     schedule = defs.resolve_schedule_def("taxi_daily_schedule")
     next_tick = datetime.combine(datetime.now(UTC).date() + timedelta(days=1), time(1), tzinfo=UTC)
@@ -65,14 +86,14 @@ def test_the_schedules_next_tick_has_a_file_after_make_dev(tmp_path: Path) -> No
     data = schedule.evaluate_tick(
         dg.build_schedule_context(
             scheduled_execution_time=next_tick,
-            resources={"landing": LandingZone(root=str(tmp_path))},
+            resources={"landing": LandingZone(root=str(dev_data.root))},
             repository_def=defs.get_repository_def(),
         )
     )
 
     (request,) = data.run_requests or []
     assert request.partition_key == datetime.now(UTC).date().isoformat()
-    delivered = landing.read_day(tmp_path, date.fromisoformat(request.partition_key))
+    delivered = landing.read_day(dev_data.root, date.fromisoformat(request.partition_key))
     assert delivered.expected_rows == 1000
 
 
