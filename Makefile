@@ -24,12 +24,15 @@ test: $(STAMP) browser-deps postgres-deps
 	bash scripts/run_tests.sh
 
 # The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples; the
-# Iceberg kills (20 per catalog), its races and whole conformance run on the PostgreSQL catalog.
-test-full: $(STAMP) postgres-deps
+# Iceberg kills (20 per catalog), its races and whole conformance run on the PostgreSQL catalog;
+# the tests marked full (the UI's first backfill of every partition, the printed bad-input
+# command); 15 days of one-run-per-day backfills and 31 in parallel.
+test-full: $(STAMP) browser-deps postgres-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/iceberg tests/conformance -q -p no:cacheprovider -k iceberg -m "not full"
 	IDEM_FULL=1 $(BIN)/python -m pytest -m full -q -p no:cacheprovider
 	IDEM_PARALLEL_DAYS=31 $(BIN)/python -m pytest tests/e2e/test_parallel_backfill.py -q -p no:cacheprovider
+	IDEM_FULL=1 $(BIN)/python -m pytest tests/e2e/test_backfills.py -q -p no:cacheprovider
 
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
 browser-deps:
