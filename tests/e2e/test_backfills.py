@@ -194,8 +194,8 @@ def launch_one_run_per_partition(
     """Launch a job backfill of taxi_daily narrowed to ``assets`` as one run per partition.
 
     The UI's job backfill applies the job's backfill policy (its assets' strictest, 31 days) and
-    would make one run of all the days. ``forceSynchronousSubmission`` makes the webserver create one
-    run per partition, the same runs ``dagster job backfill`` creates, and queue them; the
+    would make one run of all the days. ``forceSynchronousSubmission`` makes the webserver create
+    one run per partition, the same runs ``dagster job backfill`` creates, and queue them; the
     daemon's run queue launches them under dagster.yaml's limits. It records no backfill, so the
     runs are found by their dagster/backfill tag.
     """
