@@ -20,17 +20,23 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m idem_assets.demo
 
-test: $(STAMP) browser-deps postgres-deps
+test: $(STAMP) browser-deps postgres-deps java-deps
 	bash scripts/run_tests.sh
 
 # The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples.
-test-full: $(STAMP)
+test-full: $(STAMP) java-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider
 	IDEM_PARALLEL_DAYS=31 $(BIN)/python -m pytest tests/e2e/test_parallel_backfill.py -q -p no:cacheprovider
 
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
 browser-deps:
 	bash scripts/install_browser.sh
+
+# Debian's Java runtime for the Spark engine (pyspark 4 needs Java 17+); without root it prints
+# the command and fails, as the Spark tests cannot run without it (docs/spark.md).
+.PHONY: java-deps
+java-deps:
+	bash scripts/install_java.sh
 
 # Debian's PostgreSQL server binaries for the tests that start a throwaway cluster (docs/postgres.md).
 .PHONY: postgres-deps
