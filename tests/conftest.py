@@ -3,6 +3,7 @@
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from postgres_server import PostgresServer, PostgresUnavailableError, find_bin_dir
@@ -67,6 +68,24 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_conf(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The settings of this worker's one Spark session (a Derby metastore of its own)."""
+    from tests.spark_session import test_conf
+
+    return test_conf(tmp_path_factory.getbasetemp() / "spark")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_conf: dict[str, str]) -> Iterator[Any]:
+    """This worker's Spark session, started on first use and shared by every Spark test."""
+    from idem_assets.lib.backends.spark.session import spark_session
+
+    session = spark_session(spark_conf)
+    yield session
+    session.stop()
 
 
 @pytest.fixture

@@ -51,6 +51,7 @@ IO_MANAGERS: dict[str, tuple[type[dg.ConfigurableIOManager], type[dg.Configurabl
     "delta": (ia.DeltaOverwriteIOManager, ia.DeltaMergeIOManager),
     "duckdb": (ia.DuckDBOverwriteIOManager, ia.DuckDBMergeIOManager),
     "postgres": (ia.PostgresOverwriteIOManager, ia.PostgresMergeIOManager),
+    "spark": (ia.SparkOverwriteIOManager, ia.SparkMergeIOManager),
 }
 
 
@@ -169,10 +170,60 @@ def postgres_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     )
 
 
+@contextmanager
+def spark_backend(spark_conf: Mapping[str, str], warehouse: str) -> Iterator[Backend]:
+    """The Spark backend on the process's session (this worker's, or a child's own)."""
+    from idem_assets.lib.backends.spark.backend import SparkBackend
+    from idem_assets.lib.backends.spark.session import spark_session
+
+    with SparkBackend(spark_session(dict(spark_conf)), warehouse) as backend:
+        yield backend
+
+
+def spark_store(request: pytest.FixtureRequest, directory: Path) -> Store:
+    """The Spark backend on the worker's one session, its catalog emptied for the test."""
+    from idem_assets.lib.backends.spark.backend import SparkBackend
+    from idem_assets.lib.backends.spark.layout import OWNER
+
+    spark = request.getfixturevalue("spark")
+    spark_conf = request.getfixturevalue("spark_conf")
+    # One session (and metastore) per worker: each test starts from an empty catalog.
+    for db in spark.catalog.listDatabases():
+        if db.name != "default":
+            spark.sql(f"DROP DATABASE `{db.name}` CASCADE")
+    warehouse = str(directory / "warehouse")
+    backend = SparkBackend(spark, warehouse)
+
+    def rows(table: str) -> list[tuple]:
+        found = backend.table("main", table)
+        names = ", ".join(f"`{c}`" for c in found.columns)
+        return sorted(tuple(r) for r in spark.sql(f"SELECT {names} FROM main.`{table}`").collect())
+
+    def snapshot() -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for db in spark.catalog.listDatabases():
+            for t in spark.catalog.listTables(db.name):
+                if t.isTemporary:
+                    continue
+                owner = backend.table(db.name, t.name).properties.get(OWNER)
+                fingerprint = ia.table_fingerprint(backend, db.name, t.name)
+                found[f"{db.name}.{t.name}"] = f"{fingerprint} {owner}"
+        return found
+
+    return Store(
+        name="spark",
+        open=partial(spark_backend, spark_conf, warehouse),
+        config={"spark_conf": spark_conf, "warehouse": warehouse},
+        rows=rows,
+        snapshot=snapshot,
+    )
+
+
 FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
     "delta": delta_store,
     "duckdb": duckdb_store,
     "postgres": postgres_store,
+    "spark": spark_store,
 }
 
 

@@ -29,7 +29,7 @@ from idem_assets.lib.model.windows import (
     window_from_keys,
 )
 from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
-from idem_assets.lib.write.seam import Backend, TableRef
+from idem_assets.lib.write.seam import Backend, EngineBatch, TableRef
 
 
 class IdempotentIOManager(dg.ConfigurableIOManager):
@@ -55,6 +55,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
 
+    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch:
+        """What the asset returned as the publish takes it: Arrow, or a frame of the engine's."""
+        return to_arrow(obj, asset)
+
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
         metadata = out.definition_metadata if out is not None else {}
@@ -70,7 +74,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Publish the batch: guards, then replace the run's window in one transaction."""
         settings = self._settings(context)
         window = window_from_context(context, settings.asset)
-        batch = to_arrow(obj, settings.asset)
+        batch = self._batch(obj, settings.asset)
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
         context.add_output_metadata(

@@ -1,0 +1,616 @@
+"""The Spark backend: Parquet tables in Spark's catalog, each window swapped in by one call.
+
+A publish stages the batch once, as Parquet in a fresh version directory under the table
+(``<root>/_idem_versions/<uuid>``), and every guard reads that copy as Spark SQL jobs (the
+batch never reaches the driver, and a DataFrame evaluated twice cannot differ between the
+guards and the write). The write leaves that directory as it is (an overwrite of whole
+partitions) or writes the window as it will be into another one (a merge, or a window that
+covers part of a partition, whose other rows it keeps). Nothing a reader sees changes until
+the commit: the window's partitions are pointed at their new directories by one metastore call
+(:func:`~.catalog.move_partitions`), after empty placeholders for partitions the table lacks.
+Spark's own overwrite modes are never used, so the session's ``partitionOverwriteMode`` plays
+no part. The replaced directories are deleted after the commit.
+
+Concurrent writers: each commit raises the table's ``idem.version`` property; a publish that
+finds it raised since it described the table raises
+:class:`~idem_assets.lib.write.seam.CommitConflict` and starts over on the new state.
+"""
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from idem_assets.lib.backends.spark import catalog, sql
+from idem_assets.lib.backends.spark.catalog import Spec
+from idem_assets.lib.backends.spark.evaluator import SparkEvaluator
+from idem_assets.lib.backends.spark.layout import (
+    COLUMNS,
+    OWNER,
+    ROOT,
+    VERSION,
+    VERSIONS,
+    covers,
+    directory,
+    key_path,
+    logical_columns,
+    meets,
+    new_layout,
+    spec_of,
+)
+from idem_assets.lib.backends.spark.sql import DAY, with_days
+from idem_assets.lib.backends.spark.types import SparkTypes, arrow_type, spark_schema, spark_type
+from idem_assets.lib.model.identifiers import validate_identifier
+from idem_assets.lib.model.settings import WriteSettings
+from idem_assets.lib.model.windows import Region, WriteWindow, stored_region
+from idem_assets.lib.sql import statements
+from idem_assets.lib.write.evaluator import stored_rows
+from idem_assets.lib.write.seam import (
+    Capabilities,
+    CommitConflict,
+    Counts,
+    Fingerprints,
+    Fitted,
+    PartitionColumns,
+    Scope,
+    Snapshot,
+    Staged,
+    StoredColumn,
+    Summary,
+    TableRef,
+    WritePlan,
+    Written,
+)
+
+CAPABILITIES = Capabilities(
+    engine="Spark",
+    types=SparkTypes(),
+    commit="optimistic",
+    # Staging floors timestamps to Spark's microseconds in Arrow (or Spark's own cast): a
+    # floor keeps every row on its side of a window bound.
+    timestamps="floor",
+    # A Parquet table in Spark's catalog gains columns; it never changes a column's type.
+    schema_changes=frozenset({"add_column"}),
+    key_path=key_path,
+)
+
+
+@dataclass
+class _Table:
+    """A table as one publish read it from the catalog."""
+
+    db: str
+    name: str
+    #: Where the table's version directories go (the table's own directory).
+    root: str
+    exists: bool = False
+    #: The catalog's partition columns (:data:`DAY` and category columns).
+    layout: tuple[str, ...] = ()
+    #: Columns in the asset's order, without :data:`DAY`.
+    columns: dict[str, StoredColumn] = field(default_factory=dict)
+    struct: T.StructType | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    location: str = ""
+
+    @property
+    def qualified(self) -> str:
+        """```db`.`table``` for statements."""
+        return f"`{self.db}`.`{self.name}`"
+
+    @property
+    def version(self) -> int:
+        """The commit counter the table holds."""
+        return int(self.properties.get(VERSION, "0"))
+
+
+@dataclass
+class _Plan:
+    """What the commit makes visible: a version directory and the partitions pointed into it."""
+
+    version: str
+    create: bool
+    #: Every window partition's spec and its new directory.
+    moves: dict[Spec, str]
+    #: Partitions the table lacks, registered on an empty placeholder first.
+    missing: list[Spec]
+    added: list[tuple[str, str]]
+    order: list[str]
+    struct: T.StructType
+    #: Directories the commit replaces, deleted after it.
+    replaced: list[str]
+
+
+class SparkBackend:
+    """Publishes to Parquet tables in the catalog of ``spark``'s session."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, spark: SparkSession, warehouse: str | None = None) -> None:
+        """Tables of a schema the catalog lacks go to ``<warehouse>/<schema>.db``.
+
+        ``warehouse`` unset: the session's ``spark.sql.warehouse.dir``.
+        """
+        self.spark = spark
+        self.warehouse = warehouse
+
+    def __enter__(self) -> "SparkBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The session is the process's: it outlives the backend."""
+
+    @contextmanager
+    def begin(self, where: str) -> Iterator["SparkTransaction"]:
+        """One publish: staged and decided first, made visible by the commit at the end."""
+        tx = SparkTransaction(self, where)
+        try:
+            yield tx
+            tx.commit()
+        except BaseException:
+            tx.abort()
+            raise
+        finally:
+            tx.close()
+
+    def table(self, schema: str, table: str) -> _Table:
+        """The table as the catalog holds it now (``exists`` False when it has none)."""
+        db, name = validate_identifier(schema, "schema"), validate_identifier(table, "table")
+        spark = self.spark
+        if not spark.catalog.tableExists(name, db):
+            return _Table(db, name, root=self._new_root(db, name))
+        found = _Table(db, name, root="", exists=True)
+        found.properties = {
+            r[0]: r[1] for r in spark.sql(f"SHOW TBLPROPERTIES {found.qualified}").collect()
+        }
+        struct = spark.table(found.qualified).schema
+        found.struct = struct
+        found.layout = tuple(
+            c.name for c in spark.catalog.listColumns(name, db) if c.isPartition
+        )
+        by_name = {f.name: f for f in struct}
+        found.columns = {
+            n: StoredColumn(arrow_type(by_name[n].dataType), by_name[n].dataType.simpleString())
+            for n in logical_columns(found.properties, by_name)
+        }
+        found.location = catalog.table_location(spark, db, name)
+        found.root = found.properties.get(ROOT, found.location)
+        return found
+
+    def _new_root(self, db: str, name: str) -> str:
+        spark = self.spark
+        if spark.catalog.databaseExists(db):
+            base = spark.catalog.getDatabase(db).locationUri
+        else:
+            base = self._database_location(db)
+        return catalog.qualified(spark, f"{base.rstrip('/')}/{name}")
+
+    def _database_location(self, db: str) -> str:
+        warehouse = self.warehouse or self.spark.conf.get("spark.sql.warehouse.dir")
+        assert warehouse, "a session always names its warehouse"
+        return f"{warehouse.rstrip('/')}/{db}.db"
+
+    def create_database(self, db: str) -> None:
+        """Create schema ``db`` where new schemas go, if the catalog lacks it."""
+        if not self.spark.catalog.databaseExists(db):
+            location = _literal(catalog.qualified(self.spark, self._database_location(db)))
+            self.spark.sql(f"CREATE DATABASE IF NOT EXISTS `{db}` LOCATION {location}")
+
+    def window(self, table: _Table, region: Region, names: Sequence[str] | None = None) -> DataFrame:
+        """The table's rows in ``region`` (pruned to its partitions), its columns in order."""
+        names = list(table.columns) if names is None else list(names)
+        pruned = with_days(region, _time_column(table, region)) if DAY in table.layout else region
+        ev = SparkEvaluator(self.spark)
+        return ev.frame(sql.select((table.db, table.name), names, pruned))
+
+    def fingerprint(
+        self, table: TableRef, partition_columns: PartitionColumns, window: WriteWindow | None
+    ) -> tuple[int, int] | None:
+        """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
+        found = self.table(table.schema, table.table)
+        if not found.exists:
+            return None
+        types = {n: c.type for n, c in found.columns.items() if c.type is not None}
+        region = stored_region(window, partition_columns, types, table.name)
+        ev = SparkEvaluator(self.spark)
+        try:
+            view = ev.register(self.window(found, region), "idem_target_")
+            count, digest = ev.one(sql.fingerprint(view, list(found.columns), ()))
+        finally:
+            ev.release()
+        return int(count), int(digest)
+
+    def frame(
+        self, settings: WriteSettings, window: WriteWindow | None, nothing: bool = False
+    ) -> DataFrame | None:
+        """The window's rows as a lazy DataFrame read with partition pruning; ``None``: no table."""
+        found = self.table(settings.schema, settings.table)
+        if not found.exists:
+            return None
+        types = {n: c.type for n, c in found.columns.items() if c.type is not None}
+        region = stored_region(
+            None if nothing else window, settings.partition_columns, types, settings.asset
+        )
+        frame = self.window(found, region)
+        return frame.limit(0) if nothing else frame
+
+    def load(
+        self,
+        settings: WriteSettings,
+        window: WriteWindow | None,
+        nothing: bool = False,
+        arrow: bool = True,
+    ) -> pa.Table | pd.DataFrame | None:
+        """The window's rows (the whole table without one), in partition order."""
+        frame = self.frame(settings, window, nothing)
+        if frame is None:
+            return None
+        by_lower = {c.lower(): c for c in frame.columns}
+        order = [by_lower[c.lower()] for c in settings.partition_names if c.lower() in by_lower]
+        if order:
+            frame = frame.orderBy(*order)
+        return frame.toArrow() if arrow else frame.toPandas()
+
+
+def _time_column(table: _Table, region: Region) -> str | None:
+    """The column of the region's time spans (the one :data:`DAY` is derived from)."""
+    for box in region:
+        for cond in box:
+            if cond.spans:
+                return cond.column
+    return None
+
+
+def _literal(text: str) -> str:
+    """A Spark SQL string literal (Spark escapes with backslashes)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _day(column: str, kind: pa.DataType) -> Any:
+    """The UTC day of a timestamp column, as Spark computes it whatever the session's zone."""
+    if kind.tz is None:
+        return F.to_date(F.col(column))
+    micros = F.unix_micros(F.col(column))
+    return F.date_from_unix_date(F.floor(micros / 86_400_000_000).cast("int"))
+
+
+class SparkTransaction:
+    """One publish: a staged version directory, guards as Spark jobs, one metastore commit."""
+
+    def __init__(self, backend: SparkBackend, where: str) -> None:
+        """Publish through ``backend``'s session."""
+        self.backend = backend
+        self.spark = backend.spark
+        self.where = where
+        self.evaluator = SparkEvaluator(self.spark)
+        self.committed: dict[str, Any] = {}
+        self._table: _Table | None = None
+        self._staged: DataFrame | None = None
+        self._stage_dir: str | None = None
+        self._struct: T.StructType | None = None
+        self._layout: tuple[str, ...] = ()
+        self._plan: _Plan | None = None
+        self._done = False
+
+    # Reading ------------------------------------------------------------------------------
+
+    def _current(self) -> _Table:
+        if self._table is None:
+            raise RuntimeError("describe() reads the table before anything else")
+        return self._table
+
+    def describe(self, settings: WriteSettings) -> Snapshot:
+        """Read the table's columns, owner, layout and commit counter from the catalog."""
+        table = self.backend.table(settings.schema, settings.table)
+        self._table = table
+        self._owner = settings.asset
+        local = table.root.startswith("file:")
+        property_sql = f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ('{OWNER}' = '{{asset}}')"
+        return Snapshot(
+            table=TableRef.of(settings),
+            columns=table.columns if table.exists else None,
+            owner=table.properties.get(OWNER),
+            # Only the commit that creates a table records its owner with its rows.
+            claimable=not table.exists,
+            handover=f'spark.sql("{property_sql}")',
+            path_limit=255 if local else None,
+            layout=tuple(c for c in table.layout if c != DAY),
+        )
+
+    def stage(self, batch: pa.Table | DataFrame, fitted: Fitted) -> Staged:
+        """Write the batch, as stored, into a fresh version directory; the guards read it there."""
+        table = self._current()
+        settings = fitted.settings
+        types = {f.stored_name: f.stored_type for f in fitted.columns}
+        order = list(fitted.order)
+        if isinstance(batch, pa.Table):
+            stored = stored_rows(batch, fitted)
+            frame = self.spark.createDataFrame(stored, schema=spark_schema(stored.schema))
+        else:
+            by_name = {f.stored_name: f for f in fitted.columns}
+            frame = batch.select(
+                *[
+                    F.col(f"`{by_name[c].name}`").cast(spark_type(types[c])).alias(c)
+                    for c in order
+                ]
+            )
+        time_column = settings.time_column if settings.partition_columns else None
+        if table.exists:
+            layout = table.layout
+        else:
+            kind = types.get(time_column) if time_column else None
+            timestamp = kind is not None and pa.types.is_timestamp(kind)
+            layout = new_layout(time_column, timestamp, list(settings.partition_names))
+        if DAY in layout:
+            assert time_column is not None
+            frame = frame.withColumn(DAY, _day(time_column, types[time_column]))
+        self._layout = layout
+        data = [c for c in order if c not in layout]
+        fields = {f.name: f for f in frame.schema}
+        self._struct = T.StructType([fields[c] for c in (*data, *layout)])
+        self._stage_dir = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+        self._write(frame, self._stage_dir)
+        self._staged = self._read(self._stage_dir)
+        return Staged(relation=self.evaluator.register(self._staged), evaluator=self.evaluator)
+
+    def _write(self, frame: DataFrame, location: str) -> None:
+        """One job writes ``frame`` into a directory nobody reads yet, by the table's layout."""
+        writer = frame.write.mode("errorifexists").format("parquet")
+        if self._layout:
+            writer = writer.partitionBy(*self._layout)
+        writer.save(location)
+        # An empty batch writes no file: the directory must still be there to be read.
+        catalog.make_directory(self.spark, location)
+
+    def _read(self, location: str) -> DataFrame:
+        assert self._struct is not None
+        return self.spark.read.schema(self._struct).format("parquet").load(location)
+
+    def summarize(self, scope: Scope, final: bool = False) -> Summary:
+        """Rows the window holds now, and for a merge its keys' rows in and outside it."""
+        table = self._current()
+        if not table.exists:
+            return Summary()
+        ev = self.evaluator
+        current = ev.register(self.backend.window(table, scope.region), "idem_target_")
+        existing = self._counts(current, scope)
+        if scope.settings.mode != "merge":
+            return Summary(existing=existing)
+        assert self._staged is not None
+        keys = self._staged.select(*[F.col(f"`{k}`") for k in scope.key]).distinct()
+        stored = self.backend.window(table, scope.region)
+        hits = ev.register(stored.join(keys, scope.key, "left_semi"), "idem_target_")
+        matched = self._counts(hits, scope)
+        elsewhere, sample = 0, None
+        if scope.pcols:
+            outside = ev.frame(sql.select((table.db, table.name), list(table.columns), scope.region, negate=True))
+            living = outside.join(keys, scope.key, "left_semi")
+            elsewhere = living.count()
+            if elsewhere:
+                sample = living.limit(5).toArrow()
+        return Summary(existing, matched, elsewhere, sample)
+
+    def _counts(self, relation: str, scope: Scope) -> Counts:
+        ev = self.evaluator
+        if scope.cells:
+            return {
+                k: int(n)
+                for k, n in ev.rows(
+                    statements.count_by_partition(relation, scope.cells, dialect="spark")
+                )
+            }
+        return {None: int(ev.one(statements.count_window(relation, scope.region, dialect="spark"))[0])}
+
+    # Writing ------------------------------------------------------------------------------
+
+    def write(self, plan: WritePlan, on_stage: Any) -> Written:
+        """The window as it will be, in a version directory; the commit makes it visible."""
+        scope = plan.scope
+        settings = scope.settings
+        table = self._current()
+        assert self._staged is not None and self._stage_dir is not None and self._struct is not None
+        order = list(scope.fitted.order)
+        batch = self._staged.select(*[F.col(f"`{c}`") for c in order])
+        if settings.mode == "merge" and settings.dedupe_order_by:
+            q = statements.dedupe(
+                scope.staged.relation, scope.key, settings.dedupe_order_by, order, dialect="spark"
+            )
+            batch = self.evaluator.frame(q)
+        rows = batch.count()
+        on_stage("deleted")
+        layout, time_column = self._layout, scope.time_column
+        existing = catalog.partitions(self.spark, table.db, table.name) if table.exists and layout else {}
+        touched = {s: loc for s, loc in existing.items() if meets(scope.region, s, time_column)}
+        partial = [s for s in touched if not covers(scope.region, s, time_column)]
+        window = batch
+        kept_in_window = settings.mode == "merge" and table.exists and not settings.delete_missing
+        if kept_in_window:
+            current = self._as_batch(self.backend.window(table, scope.region), order)
+            window = window.unionByName(current.join(batch.select(*scope.key), scope.key, "left_anti"))
+        if partial:
+            outside = self.evaluator.frame(
+                sql.select((table.db, table.name), list(table.columns), scope.region, negate=True)
+            )
+            values = [dict(s) for s in partial]
+            keep = None
+            for spec in values:
+                term = None
+                for c in layout:
+                    source = _day(time_column, scope.fitted.partition_types[time_column]) if c == DAY and time_column else F.col(f"`{c}`")
+                    cond = source.cast("string") == F.lit(spec[c.lower()])
+                    term = cond if term is None else term & cond
+                keep = term if keep is None else keep | term
+            assert keep is not None
+            window = window.unionByName(self._as_batch(outside.where(keep), order))
+        if kept_in_window or partial or window is not batch or settings.dedupe_order_by:
+            version = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+            frame = window
+            if DAY in layout:
+                assert time_column is not None
+                frame = frame.withColumn(DAY, _day(time_column, scope.fitted.partition_types[time_column]))
+            self._write(frame, version)
+            written = self._read(version)
+        else:
+            version, written = self._stage_dir, self._staged
+        moves: dict[Spec, str] = {}
+        if layout:
+            found = written.select(*[F.col(f"`{c}`") for c in layout]).distinct().collect()
+            for row in found:
+                spec = spec_of(row.asDict())
+                moves[spec] = directory(version, spec, layout)
+            for spec in touched:
+                if spec not in moves:
+                    # A window partition the batch empties: an empty directory of its own.
+                    moves[spec] = directory(version, spec, layout)
+                    catalog.make_directory(self.spark, moves[spec])
+        added = [
+            (c.column, spark_type(c.type).simpleString())
+            for c in scope.fitted.changes
+            if c.action == "add_column"
+        ]
+        replaced = [touched[s] for s in touched] if layout else ([table.location] if table.exists else [])
+        self._plan = _Plan(
+            version=version,
+            create=plan.create,
+            moves=moves,
+            missing=[s for s in moves if s not in existing],
+            added=added,
+            order=order,
+            struct=self._struct,
+            replaced=replaced,
+        )
+        fingerprints = self._fingerprints(written, scope)
+        return Written(rows=rows, fingerprints=fingerprints)
+
+    def _as_batch(self, frame: DataFrame, order: Sequence[str]) -> DataFrame:
+        """Stored rows in the batch's columns (NULL in a column this publish adds)."""
+        assert self._struct is not None
+        types = {f.name: f.dataType for f in self._struct}
+        have = set(frame.columns)
+        return frame.select(
+            *[
+                F.col(f"`{c}`") if c in have else F.lit(None).cast(types[c]).alias(c)
+                for c in order
+            ]
+        )
+
+    def _fingerprints(self, written: DataFrame, scope: Scope) -> Fingerprints:
+        ev = self.evaluator
+        names = list(scope.fitted.order)
+        view = ev.register(written, "idem_target_")
+        if scope.cells:
+            q = sql.partition_fingerprints(view, names, scope.cells)
+            return {k: (int(n), int(d)) for k, n, d in ev.rows(q)}
+        count, digest = ev.one(sql.fingerprint(view, names, scope.region))
+        return {None: (int(count), int(digest))}
+
+    # Committing ---------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Make the version directory the window: create, or swap every partition at once."""
+        plan = self._plan
+        if plan is None:
+            return
+        table = self._current()
+        spark = self.spark
+        if plan.create:
+            self._create(table, plan)
+        else:
+            now = self.backend.table(table.db, table.name)
+            if not now.exists or now.version != table.version:
+                raise CommitConflict(
+                    f"table {table.db}.{table.name} was committed to by another writer"
+                    f" (version {table.version} -> {now.version}) while this one wrote"
+                )
+            properties = {VERSION: str(table.version + 1), COLUMNS: json.dumps(plan.order)}
+            spark.sql(f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ({_properties(properties)})")
+            if plan.added:
+                columns = ", ".join(f"`{c}` {t}" for c, t in plan.added)
+                spark.sql(f"ALTER TABLE {table.qualified} ADD COLUMNS ({columns})")
+            if self._layout:
+                self._add_placeholders(table, plan)
+                catalog.move_partitions(spark, table.db, table.name, plan.moves)
+            else:
+                spark.sql(f"ALTER TABLE {table.qualified} SET LOCATION {_literal(plan.version)}")
+        spark.catalog.refreshTable(table.qualified)
+        self._done = True
+        self.committed = {"spark_table_version": table.version + 1, "spark_location": plan.version}
+        for location in plan.replaced:
+            catalog.remove(spark, location)
+        if self._stage_dir != plan.version and self._stage_dir is not None:
+            catalog.remove(spark, self._stage_dir)
+
+    def _create(self, table: _Table, plan: _Plan) -> None:
+        """Create the table holding the window, owned by the asset, in two catalog calls."""
+        spark = self.spark
+        self.backend.create_database(table.db)
+        data = [f for f in plan.struct if f.name not in self._layout]
+        parts = [f for f in plan.struct if f.name in self._layout]
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in (*data, *parts))
+        partitioned = f" PARTITIONED BY ({', '.join(f'`{c}`' for c in self._layout)})" if self._layout else ""
+        location = table.root if self._layout else plan.version
+        assert self._owner is not None
+        properties = {
+            OWNER: self._owner,
+            VERSION: "1",
+            COLUMNS: json.dumps(plan.order),
+            ROOT: table.root,
+        }
+        try:
+            spark.sql(
+                f"CREATE TABLE {table.qualified} ({columns}) USING parquet{partitioned}"
+                f" LOCATION {_literal(location)} TBLPROPERTIES ({_properties(properties)})"
+            )
+        except AnalysisException as exc:
+            if "ALREADY_EXISTS" in str(exc) or "already exists" in str(exc):
+                raise CommitConflict(f"table {table.db}.{table.name} was created meanwhile") from exc
+            raise
+        if plan.moves:
+            adds = " ".join(
+                f"PARTITION ({_spec_sql(spec)}) LOCATION {_literal(loc)}"
+                for spec, loc in plan.moves.items()
+            )
+            spark.sql(f"ALTER TABLE {table.qualified} ADD {adds}")
+
+    def _add_placeholders(self, table: _Table, plan: _Plan) -> None:
+        """Register partitions the table lacks on empty directories: readers see no change."""
+        if not plan.missing:
+            return
+        empty = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+        adds = []
+        for spec in plan.missing:
+            location = directory(empty, spec, self._layout)
+            catalog.make_directory(self.spark, location)
+            adds.append(f"PARTITION ({_spec_sql(spec)}) LOCATION {_literal(location)}")
+            plan.replaced.append(location)
+        self.spark.sql(f"ALTER TABLE {table.qualified} ADD IF NOT EXISTS {' '.join(adds)}")
+
+    _owner: str | None = None
+
+    def abort(self) -> None:
+        """Delete what this publish wrote, unless its commit made it visible."""
+        if self._done:
+            return
+        for location in {self._stage_dir, self._plan.version if self._plan else None}:
+            if location:
+                catalog.remove(self.spark, location)
+
+    def close(self) -> None:
+        """Drop the views this publish registered."""
+        self.evaluator.release()
+
+
+def _properties(values: Mapping[str, str]) -> str:
+    return ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in values.items())
+
+
+def _spec_sql(spec: Spec) -> str:
+    return ", ".join(f"`{c}` = {_literal(v)}" for c, v in spec)
