@@ -71,11 +71,20 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture(scope="session")
-def spark_conf(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The settings of this worker's one Spark session (a Derby metastore of its own)."""
-    from tests.spark_session import test_conf
+def spark_conf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The settings of this worker's one Spark session, on a Hive metastore of its own.
 
-    return test_conf(tmp_path_factory.getbasetemp() / "spark")
+    A Thrift metastore rather than an embedded Derby one, which admits a single process: the
+    racing and killed writers of the Spark tests are child processes on the same catalog.
+    """
+    from tests.spark_session import Metastore, client_conf
+
+    root = tmp_path_factory.getbasetemp() / "spark"
+    metastore = Metastore.start(root / "metastore")
+    try:
+        yield client_conf(root, metastore)
+    finally:
+        metastore.stop()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,9 @@ pytest worker shares this session (the ``spark`` fixture in tests/conftest.py), 
 IO managers of the tests name the same settings: their ``getOrCreate`` returns it.
 """
 
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 #: Small jobs on two cores: two shuffle partitions, no UI, no progress bar, UTC.
@@ -25,6 +28,9 @@ FAST_CONF: dict[str, str] = {
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
     "spark.hadoop.parquet.summary.metadata.level": "NONE",
     "spark.sql.catalogImplementation": "hive",
+    # Tests run many tiny queries: compiling each to Java costs more than it saves.
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.adaptive.enabled": "false",
 }
 
 
@@ -46,3 +52,91 @@ def test_conf(root: Path) -> dict[str, str]:
         "spark.driver.extraJavaOptions": java,
         "spark.local.dir": str(root / "local"),
     }
+
+
+def jars() -> str:
+    """The pyspark wheel's jars: a Hive metastore server needs nothing else."""
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "jars")
+
+
+class Metastore:
+    """A standalone Hive metastore (Thrift) with Derby inside, from the pyspark wheel's jars.
+
+    It is what a cluster's Spark drivers share: with it, a test's child processes open their
+    own sessions on the same catalog (an embedded Derby admits one process).
+    """
+
+    def __init__(self, root: Path, port: int, process: "subprocess.Popen[bytes]") -> None:
+        self.root, self.port, self.process = root, port, process
+
+    @property
+    def uri(self) -> str:
+        """``thrift://127.0.0.1:<port>``."""
+        return f"thrift://127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, root: Path) -> "Metastore":
+        """Start one on a free port and wait until it answers."""
+        from tests.ports import start_on_a_free_port
+
+        return start_on_a_free_port(lambda port: cls._start(root.resolve(), port))
+
+    @classmethod
+    def _start(cls, root: Path, port: int) -> "Metastore":
+        from tests.ports import PortTakenError, bind_failed
+
+        root.mkdir(parents=True, exist_ok=True)
+        derby = f"jdbc:derby:;databaseName={root / 'metastore_db'};create=true"
+        command = [
+            "java",
+            "-Xmx384m",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseSerialGC",
+            "-cp",
+            f"{jars()}/*",
+            f"-Dderby.system.home={root}",
+            # Hive's log4j2 defaults ask for async loggers, whose jar the wheel lacks.
+            "-Dlog4j2.contextSelector=org.apache.logging.log4j.core.selector.ClassLoaderContextSelector",
+            f"-Djavax.jdo.option.ConnectionURL={derby}",
+            "-Ddatanucleus.schema.autoCreateAll=true",
+            "-Dhive.metastore.schema.verification=false",
+            f"-Dhive.metastore.warehouse.dir={root / 'warehouse'}",
+            "org.apache.hadoop.hive.metastore.HiveMetaStore",
+            "-p",
+            str(port),
+        ]
+        log = root / f"metastore-{port}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=root)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                text = log.read_text(errors="replace")
+                if bind_failed(text):
+                    raise PortTakenError(text[-500:])
+                raise RuntimeError(f"the Hive metastore exited: {text[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return cls(root, port, process)
+            except OSError:
+                time.sleep(0.5)
+        process.kill()
+        raise RuntimeError(f"the Hive metastore did not answer within 240 s: see {log}")
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def client_conf(root: Path, metastore: Metastore) -> dict[str, str]:
+    """:func:`test_conf` for a session of ``metastore`` (no Derby in the process)."""
+    conf = test_conf(root)
+    del conf["spark.hadoop.javax.jdo.option.ConnectionURL"]
+    conf["spark.hadoop.hive.metastore.uris"] = metastore.uri
+    return conf

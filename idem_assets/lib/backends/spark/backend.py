@@ -33,6 +33,7 @@ from pyspark.sql import types as T
 from idem_assets.lib.backends.spark import catalog, sql
 from idem_assets.lib.backends.spark.catalog import Spec
 from idem_assets.lib.backends.spark.evaluator import SparkEvaluator
+from idem_assets.lib.backends.spark.locks import table_lock
 from idem_assets.lib.backends.spark.layout import (
     COLUMNS,
     OWNER,
@@ -45,7 +46,6 @@ from idem_assets.lib.backends.spark.layout import (
     logical_columns,
     meets,
     new_layout,
-    spec_of,
 )
 from idem_assets.lib.backends.spark.sql import DAY, with_days
 from idem_assets.lib.backends.spark.types import SparkTypes, arrow_type, spark_schema, spark_type
@@ -165,24 +165,18 @@ class SparkBackend:
         """The table as the catalog holds it now (``exists`` False when it has none)."""
         db, name = validate_identifier(schema, "schema"), validate_identifier(table, "table")
         spark = self.spark
-        if not spark.catalog.tableExists(name, db):
+        info = catalog.table_info(spark, db, name)
+        if info is None:
             return _Table(db, name, root=self._new_root(db, name))
-        found = _Table(db, name, root="", exists=True)
-        found.properties = {
-            r[0]: r[1] for r in spark.sql(f"SHOW TBLPROPERTIES {found.qualified}").collect()
-        }
-        struct = spark.table(found.qualified).schema
+        location, layout, properties, struct = info
+        found = _Table(db, name, root=properties.get(ROOT, location), exists=True)
+        found.properties, found.layout, found.location = properties, layout, location
         found.struct = struct
-        found.layout = tuple(
-            c.name for c in spark.catalog.listColumns(name, db) if c.isPartition
-        )
         by_name = {f.name: f for f in struct}
         found.columns = {
             n: StoredColumn(arrow_type(by_name[n].dataType), by_name[n].dataType.simpleString())
             for n in logical_columns(found.properties, by_name)
         }
-        found.location = catalog.table_location(spark, db, name)
-        found.root = found.properties.get(ROOT, found.location)
         return found
 
     def _new_root(self, db: str, name: str) -> str:
@@ -424,7 +418,8 @@ class SparkTransaction:
                 scope.staged.relation, scope.key, settings.dedupe_order_by, order, dialect="spark"
             )
             batch = self.evaluator.frame(q)
-        rows = batch.count()
+        # An overwrite's rows are the window's once written (the guards refused any other).
+        rows = batch.count() if settings.mode == "merge" else None
         on_stage("deleted")
         layout, time_column = self._layout, scope.time_column
         existing = catalog.partitions(self.spark, table.db, table.name) if table.exists and layout else {}
@@ -462,9 +457,7 @@ class SparkTransaction:
             version, written = self._stage_dir, self._staged
         moves: dict[Spec, str] = {}
         if layout:
-            found = written.select(*[F.col(f"`{c}`") for c in layout]).distinct().collect()
-            for row in found:
-                spec = spec_of(row.asDict())
+            for spec in catalog.written_partitions(self.spark, version, layout):
                 moves[spec] = directory(version, spec, layout)
             for spec in touched:
                 if spec not in moves:
@@ -488,6 +481,8 @@ class SparkTransaction:
             replaced=replaced,
         )
         fingerprints = self._fingerprints(written, scope)
+        if rows is None:
+            rows = sum(n for n, _ in fingerprints.values())
         return Written(rows=rows, fingerprints=fingerprints)
 
     def _as_batch(self, frame: DataFrame, order: Sequence[str]) -> DataFrame:
@@ -520,15 +515,26 @@ class SparkTransaction:
         if plan is None:
             return
         table = self._current()
+        with table_lock(self.spark, f"{table.db}.{table.name}"):
+            self._commit(table, plan)
+        spark = self.spark
+        self.committed = {"spark_table_version": table.version + 1, "spark_location": plan.version}
+        for location in plan.replaced:
+            catalog.remove(spark, location)
+        if self._stage_dir != plan.version and self._stage_dir is not None:
+            catalog.remove(spark, self._stage_dir)
+
+    def _commit(self, table: _Table, plan: _Plan) -> None:
+        """The catalog calls of the commit, under the table's lock."""
         spark = self.spark
         if plan.create:
             self._create(table, plan)
         else:
-            now = self.backend.table(table.db, table.name)
-            if not now.exists or now.version != table.version:
+            now = catalog.version(spark, table.db, table.name, VERSION)
+            if now != table.version:
                 raise CommitConflict(
                     f"table {table.db}.{table.name} was committed to by another writer"
-                    f" (version {table.version} -> {now.version}) while this one wrote"
+                    f" (version {table.version} -> {now}) while this one wrote"
                 )
             properties = {VERSION: str(table.version + 1), COLUMNS: json.dumps(plan.order)}
             spark.sql(f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ({_properties(properties)})")
@@ -540,13 +546,9 @@ class SparkTransaction:
                 catalog.move_partitions(spark, table.db, table.name, plan.moves)
             else:
                 spark.sql(f"ALTER TABLE {table.qualified} SET LOCATION {_literal(plan.version)}")
-        spark.catalog.refreshTable(table.qualified)
+        # Visible now: from here on, the version directory is the table's.
         self._done = True
-        self.committed = {"spark_table_version": table.version + 1, "spark_location": plan.version}
-        for location in plan.replaced:
-            catalog.remove(spark, location)
-        if self._stage_dir != plan.version and self._stage_dir is not None:
-            catalog.remove(spark, self._stage_dir)
+        spark.catalog.refreshTable(table.qualified)
 
     def _create(self, table: _Table, plan: _Plan) -> None:
         """Create the table holding the window, owned by the asset, in two catalog calls."""

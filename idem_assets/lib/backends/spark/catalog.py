@@ -6,10 +6,12 @@ metastore runs as one ``alter_partitions`` transaction. That API is Spark's own,
 the ``spark`` extra pins Spark's minor version and this module is the only one that uses it.
 """
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 #: A partition as the catalog names it: ``(column, value)`` pairs in the table's column order.
 Spec = tuple[tuple[str, str], ...]
@@ -52,10 +54,65 @@ def _as_dict(spark: SparkSession, scala_map: Any) -> dict[str, str]:
     return {str(k): str(java.get(k)) for k in java.keySet()}
 
 
-def table_location(spark: SparkSession, db: str, table: str) -> str:
-    """The table's location URI as the catalog stores it."""
+def table_info(
+    spark: SparkSession, db: str, table: str
+) -> tuple[str, tuple[str, ...], dict[str, str], T.StructType] | None:
+    """The table's location, partition columns, properties and schema; ``None``: no table."""
+    catalog, ident = _catalog(spark), _ident(spark, db, table)
+    if not catalog.tableExists(ident):
+        return None
+    meta = catalog.getTableMetadata(ident)
+    names = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(meta.partitionColumnNames())
+    return (
+        str(meta.location().toString()),
+        tuple(str(n) for n in names),
+        _as_dict(spark, meta.properties()),
+        T.StructType.fromJson(json.loads(meta.schema().json())),
+    )
+
+
+def table_exists(spark: SparkSession, db: str, table: str) -> bool:
+    """Whether the catalog holds the table (without an error logged when it does not)."""
+    return bool(_catalog(spark).tableExists(_ident(spark, db, table)))
+
+
+def version(spark: SparkSession, db: str, table: str, key: str) -> int:
+    """The table's commit counter as the metastore holds it now."""
     meta = _catalog(spark).getTableMetadata(_ident(spark, db, table))
-    return str(meta.location().toString())
+    found = meta.properties().get(key)
+    return int(found.get()) if found.isDefined() else 0
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "%" and i + 2 < len(text) + 0 and _is_hex(text[i + 1 : i + 3]):
+            out.append(chr(int(text[i + 1 : i + 3], 16)))
+            i += 3
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def written_partitions(spark: SparkSession, location: str, layout: Sequence[str]) -> list[Spec]:
+    """The partitions a write left in ``location``, read from its directory names."""
+    fs, path = _path(spark, location)
+    pattern = _jvm(spark).org.apache.hadoop.fs.Path(location + "/*" * len(layout))
+    found = fs.globStatus(pattern) if fs.exists(path) else None
+    specs: list[Spec] = []
+    for status in found or []:
+        if not status.isDirectory():
+            continue
+        parts = str(status.getPath().toString()).rstrip("/").split("/")[-len(layout) :]
+        pairs = [p.split("=", 1) for p in parts]
+        if all(len(p) == 2 for p in pairs):
+            specs.append(tuple(sorted((_unescape(k).lower(), _unescape(v)) for k, v in pairs)))
+    return specs
 
 
 def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, str]:
@@ -131,3 +188,13 @@ def qualified(spark: SparkSession, location: str) -> str:
     """``location`` as a full URI of its file system (``file:/...`` for a local path)."""
     fs, path = _path(spark, location)
     return str(fs.makeQualified(path).toString())
+
+
+def partition_created(
+    spark: SparkSession, db: str, table: str, spec: Mapping[str, str]
+) -> float | None:
+    """When a partition was added (seconds since the epoch), ``None`` if it is gone."""
+    found = _catalog(spark).getPartitionOption(_ident(spark, db, table), _scala_map(spark, spec))
+    if not found.isDefined():
+        return None
+    return float(found.get().createTime()) / 1000
