@@ -87,16 +87,22 @@ def test_the_image_installs_only_the_extras_its_deployment_uses() -> None:
     # The image's default is the Kubernetes deployment's: PostgreSQL, and the run launcher
     # that every run pod's instance names. Compose runs each run as a code-server process.
     assert image_extras() == ["postgres", "k8s"]
-    assert compose()["services"]["code-location"]["build"]["args"] == {"EXTRAS": "postgres"}
+    assert compose()["services"]["code-location"]["build"]["args"] == {
+        "EXTRAS": "postgres,webserver"
+    }
     packages = {
         extra: {re.split(r"[<>=\[]", requirement)[0] for requirement in extras[extra]}
-        for extra in ("postgres", "delta", "k8s")
+        for extra in ("postgres", "delta", "k8s", "webserver")
     }
     assert packages == {
         "postgres": {"adbc-driver-postgresql", "dagster-postgres", "psycopg2-binary"},
         "delta": {"deltalake"},
         "k8s": {"dagster-k8s"},
+        "webserver": {"dagster-webserver"},
     }
+    # The engines are extras only: a deployment without them installs none of their drivers.
+    core = {re.split(r"[<>=\[]", r)[0] for r in pyproject()["project"]["dependencies"]}
+    assert not core & {p for extra in packages.values() for p in extra}
 
 
 def test_the_compose_build_points_at_the_dockerfile_from_the_repository_root() -> None:

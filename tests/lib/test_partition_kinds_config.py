@@ -10,7 +10,7 @@ import pytest
 
 import idem_assets as ia
 from idem_assets.lib.model.windows import Condition, region_for, region_of
-from idem_assets.lib.sql import statements as batch_sql
+from idem_assets.lib.sql.predicates import region_sql
 from tests.helpers import DAILY, NOW, settings
 
 REGIONS = dg.StaticPartitionsDefinition(["east", "north", "south"])
@@ -100,7 +100,7 @@ def test_a_product_of_keys_is_one_box_and_any_other_set_a_box_per_key() -> None:
             }
         )
         conn.register("rows", rows)
-        pred, params = batch_sql.region_predicate(boxes)
+        pred, params = region_sql(boxes, "duckdb")
         kept = conn.execute(f"SELECT region, sold_at FROM rows WHERE {pred}", params).fetchall()
     assert kept == [("east", datetime(2026, 1, 1, 5)), ("north", datetime(2026, 1, 2))]
 

@@ -138,12 +138,12 @@ def test_date_partition_column(conn: duckdb.DuckDBPyConnection) -> None:
 
 
 class OlderBackend:
-    """A backend written before the protocol gained ``evolve``: everything else is there."""
+    """A backend written before the protocol gained ``begin``: everything else is there."""
 
     engine = "Older"
 
     def __getattr__(self, name: str) -> object:
-        if name == "evolve":
+        if name == "begin":
             raise AttributeError(name)
         return lambda *args, **kwargs: None
 
@@ -153,6 +153,6 @@ def test_an_incomplete_backend_is_named_not_taken_for_a_duckdb_connection() -> N
         publish(OlderBackend(), trips("2026-01-01", 2), settings(), ["2026-01-01"])  # type: ignore[arg-type]
 
     assert str(refused.value) == (
-        "OlderBackend is not a complete idem_assets Backend: it lacks ['evolve']. Fix: implement"
+        "OlderBackend is not a complete idem_assets Backend: it lacks ['begin']. Fix: implement"
         " them (idem_assets/lib/write/seam.py says what each does)."
     )

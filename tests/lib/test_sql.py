@@ -24,12 +24,12 @@ def cells(column: str, parts: list[tuple[str, object, object]]) -> list:
 
 DAY = (datetime(2026, 1, 1), datetime(2026, 1, 2))
 LATER_DAY = (datetime(2026, 1, 5), datetime(2026, 1, 6))
-TARGET = '"main"."trips"'
+TARGET = ("main", "trips")
 
 
 def test_window_predicate_is_half_open_and_bound() -> None:
     assert batch_sql.window_predicate("pickup_at", [DAY]) == (
-        '(("pickup_at" >= ? AND "pickup_at" < ?))',
+        '("pickup_at" >= $1 AND "pickup_at" < $2)',
         [datetime(2026, 1, 1), datetime(2026, 1, 2)],
     )
 
@@ -37,78 +37,100 @@ def test_window_predicate_is_half_open_and_bound() -> None:
 def test_window_predicate_covers_every_span_with_an_alias() -> None:
     text, params = batch_sql.window_predicate("pickup_at", [DAY, LATER_DAY], alias="t")
     assert text == (
-        '((t."pickup_at" >= ? AND t."pickup_at" < ?) OR (t."pickup_at" >= ? AND t."pickup_at" < ?))'
+        '(("t"."pickup_at" >= $1 AND "t"."pickup_at" < $2)'
+        ' OR ("t"."pickup_at" >= $3 AND "t"."pickup_at" < $4))'
     )
     assert params == [*DAY, *LATER_DAY]
 
 
-def test_delete_window_text() -> None:
-    assert sql.delete_window(TARGET, spans("pickup_at", DAY)) == (
-        'DELETE FROM "main"."trips" WHERE (("pickup_at" >= ? AND "pickup_at" < ?))',
+def test_delete_window_text_in_every_dialect() -> None:
+    region = spans("pickup_at", DAY)
+    assert batch_sql.delete_window(TARGET, region) == (
+        'DELETE FROM "main"."trips" WHERE ("pickup_at" >= $1 AND "pickup_at" < $2)',
         list(DAY),
     )
+    assert batch_sql.delete_window(TARGET, region, dialect="postgres").sql == (
+        'DELETE FROM "main"."trips" WHERE ("pickup_at" >= $1 AND "pickup_at" < $2)'
+    )
+    # Spark binds by name: spark.sql(text, args={"p1": ..., "p2": ...}).
+    spark = batch_sql.delete_window(TARGET, region, dialect="spark")
+    assert spark.sql == "DELETE FROM `main`.`trips` WHERE (`pickup_at` >= :p1 AND `pickup_at` < :p2)"
+    assert batch_sql.bind(spark.params, "spark") == {"p1": DAY[0], "p2": DAY[1]}
+
+
+def test_a_question_mark_inside_a_value_is_never_taken_for_a_placeholder() -> None:
+    region = ((Condition("zone", values=("a?b", "$1")),),)
+    text, params = batch_sql.count_window(TARGET, region, dialect="postgres")
+    assert text == 'SELECT COUNT(*) FROM "main"."trips" WHERE "zone" IN ($1, $2)'
+    assert params == ["a?b", "$1"]
 
 
 def test_insert_by_name_text() -> None:
-    assert sql.insert_by_name(TARGET, "staged") == (
+    assert sql.insert_by_name('"main"."trips"', "staged") == (
         'INSERT INTO "main"."trips" BY NAME SELECT * FROM staged'
     )
-    assert sql.insert_by_name(TARGET, "staged", ["pickup_at"]) == (
+    assert sql.insert_by_name('"main"."trips"', "staged", ["pickup_at"]) == (
         'INSERT INTO "main"."trips" BY NAME SELECT * FROM staged ORDER BY "pickup_at"'
     )
 
 
 def test_dedupe_breaks_ties_on_every_other_column_in_name_order() -> None:
-    assert batch_sql.dedupe(
-        "staged", ["id"], ["updated_at"], ["id", "salary", "updated_at", "name"]
-    ) == (
-        'SELECT * FROM staged QUALIFY row_number() OVER (PARTITION BY "id" ORDER BY'
-        ' "updated_at" DESC NULLS LAST, "name" ASC NULLS LAST, "salary" ASC NULLS LAST) = 1'
+    ranked = (
+        'SELECT "id", "salary", "updated_at", "name" FROM (SELECT "id", "salary", "updated_at",'
+        ' "name", ROW_NUMBER() OVER (PARTITION BY "id" ORDER BY "updated_at" DESC{}, "name"'
+        ' ASC{}, "salary" ASC{}) AS "idem-rank" FROM "staged") AS ranked WHERE "idem-rank" = 1'
+    )
+    names = ["id", "salary", "updated_at", "name"]
+    # NULLs sort last in every dialect: spelt out where the dialect's default differs.
+    assert batch_sql.dedupe("staged", ["id"], ["updated_at"], names) == (ranked.format("", "", ""), [])
+    assert batch_sql.dedupe("staged", ["id"], ["updated_at"], names, dialect="postgres").sql == (
+        ranked.format(" NULLS LAST", "", "")
     )
 
 
 def test_fingerprint_text_sorts_columns() -> None:
-    assert sql.fingerprint(TARGET, ["fare", "trip_id"]) == (
-        'SELECT count(*), coalesce(sum(hash("fare", "trip_id")::HUGEINT), 0) FROM "main"."trips"',
+    assert batch_sql.fingerprint(TARGET, ["fare", "trip_id"]) == (
+        'SELECT COUNT(*), COALESCE(SUM(CAST(HASH("fare", "trip_id") AS INT128)), 0)'
+        ' FROM "main"."trips"',
         [],
     )
-    assert sql.fingerprint(TARGET, ["trip_id", "fare"], spans("pickup_at", DAY))[1] == list(DAY)
+    assert batch_sql.fingerprint(TARGET, ["trip_id", "fare"], spans("pickup_at", DAY))[1] == list(
+        DAY
+    )
 
 
 def test_merge_counts_binds_the_window_once_per_use() -> None:
-    text, params = sql.merge_counts(TARGET, "staged", ["id"], spans("pickup_at", DAY))
-    assert text.count("?") == len(params) == 4
+    text, params = batch_sql.merge_counts(TARGET, "staged", ["id"], spans("pickup_at", DAY))
+    assert text.count("$") == len(params) == 4
     # A semi-join, so duplicate keys in the batch cannot multiply the matches.
-    assert text.endswith('FROM "main"."trips" t WHERE t."id" IN (SELECT "id" FROM staged)')
+    assert text.endswith('FROM "main"."trips" AS t WHERE "t"."id" IN (SELECT "id" FROM "staged")')
 
 
 def test_values_are_bound_never_formatted() -> None:
     hostile = "2026-01-01'); DROP TABLE trips; --"
-    for text, params in [
-        batch_sql.window_predicate("pickup_at", [(hostile, hostile)]),
-        sql.delete_window(TARGET, spans("pickup_at", (hostile, hostile))),
-        sql.count_window(TARGET, spans("pickup_at", (hostile, hostile))),
-        batch_sql.batch_profile(
-            "staged", ["pickup_at"], spans("pickup_at", (hostile, hostile)), ["id"]
-        ),
-        batch_sql.stray_rows_sample(
-            "staged", ["pickup_at"], spans("pickup_at", (hostile, hostile))
-        ),
-    ]:
-        assert "DROP" not in text and "2026" not in text
-        assert params.count(hostile) == 2
+    window = spans("pickup_at", (hostile, hostile))
+    for dialect in ("duckdb", "postgres", "spark"):
+        for text, params in [
+            batch_sql.window_predicate("pickup_at", [(hostile, hostile)], dialect=dialect),
+            batch_sql.delete_window(TARGET, window, dialect=dialect),
+            batch_sql.count_window(TARGET, window, dialect=dialect),
+            batch_sql.batch_profile("staged", ["pickup_at"], window, ["id"], dialect=dialect),
+            batch_sql.stray_rows_sample("staged", ["pickup_at"], window, dialect=dialect),
+        ]:
+            assert "DROP" not in text and "2026" not in text
+            assert params.count(hostile) == 2
 
 
 @pytest.mark.parametrize(
     "builder",
     [
         lambda bad: batch_sql.window_predicate(bad, [DAY]),
-        lambda bad: sql.delete_window(TARGET, spans(bad, DAY)),
-        lambda bad: sql.insert_by_name(TARGET, "staged", [bad]),
+        lambda bad: batch_sql.delete_window(TARGET, spans(bad, DAY)),
+        lambda bad: sql.insert_by_name('"main"."trips"', "staged", [bad]),
         lambda bad: batch_sql.dedupe("staged", [bad], ["updated_at"], ["id"]),
         lambda bad: batch_sql.dedupe("staged", ["id"], [bad], ["id"]),
-        lambda bad: sql.fingerprint(TARGET, [bad]),
-        lambda bad: sql.delete_matching_keys(TARGET, "staged", [bad]),
+        lambda bad: batch_sql.fingerprint(TARGET, [bad]),
+        lambda bad: batch_sql.delete_matching_keys(TARGET, "staged", [bad]),
         lambda bad: batch_sql.batch_profile("staged", [], (), [bad]),
         lambda bad: qualified(bad, "trips"),
     ],
@@ -137,12 +159,11 @@ def test_the_builders_run_on_duckdb() -> None:
             " (3, '2025-12-31', 3)"
         )
         span = [(date(2026, 1, 1), date(2026, 1, 2))]
-        assert conn.execute(*sql.count_window(TARGET, spans("pickup_at", *span))).fetchall() == [
-            (1,)
-        ]
-        conn.execute(*sql.delete_window(TARGET, spans("pickup_at", *span)))
+        window = spans("pickup_at", *span)
+        assert conn.execute(*batch_sql.count_window(TARGET, window)).fetchall() == [(1,)]
+        conn.execute(*batch_sql.delete_window(TARGET, window))
         assert conn.execute("SELECT id FROM main.trips ORDER BY id").fetchall() == [(2,), (3,)]
-        text, params = sql.fingerprint(TARGET, ["id", "pickup_at", "order"])
+        text, params = batch_sql.fingerprint(TARGET, ["id", "pickup_at", "order"])
         assert conn.execute(text, params).fetchall()[0][0] == 2
 
 
@@ -171,7 +192,7 @@ def test_matched_by_partition_puts_keys_outside_every_partition_under_null(
     moments: duckdb.DuckDBPyConnection,
 ) -> None:
     moments.execute("CREATE TABLE batch AS SELECT * FROM (VALUES (1), (3), (4)) v(id)")
-    q, p = sql.matched_by_partition("t", "batch", ["id"], cells("ts", PARTS))
+    q, p = batch_sql.matched_by_partition("t", "batch", ["id"], cells("ts", PARTS))
     assert sorted(moments.execute(q, p).fetchall(), key=str) == [
         ("2026-01-01", 1),
         ("2026-01-05", 1),

@@ -101,9 +101,10 @@ def stage(
     con = duckdb.connect()
     try:
         con.register(_STAGED_NAME, table)
-        return con.sql(
-            batch_sql.dedupe(_STAGED, primary_key, dedupe_order_by, table.column_names)
-        ).to_arrow_table()
+        query, params = batch_sql.dedupe(
+            _STAGED_NAME, primary_key, dedupe_order_by, table.column_names
+        )
+        return con.execute(query, params).to_arrow_table()
     finally:
         con.close()
 
@@ -137,10 +138,9 @@ def audit_table(
             judged, cells = judged_cells(table, partition_expr, window)
             con.register(_STAGED_NAME, judged)
             # Each row is named by the partition whose box holds it; cells never overlap.
-            case, params = batch_sql.partition_case(cells)
+            keyed, params = batch_sql.rows_by_partition(_STAGED_NAME, cells, _KEY_NAME, _OUTSIDE)
             query = (
-                f"SELECT coalesce({_KEY}, '{_OUTSIDE}'), grouping({_KEY}), {aggs}"
-                f" FROM (SELECT *, {case} AS {_KEY} FROM {_STAGED})"
+                f"SELECT {_KEY}, grouping({_KEY}), {aggs} FROM ({keyed})"
                 f" GROUP BY GROUPING SETS (({_KEY}), ())"
             )
             windows = list(window.partitions)
@@ -176,7 +176,7 @@ def audit_table(
                     sample=check.sample(
                         SampleScope(
                             con,
-                            _STAGED,
+                            _STAGED_NAME,
                             verdict.per_partition,
                             partition_columns=pairs,
                             window=window,

@@ -21,10 +21,11 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from idem_assets.lib.dagster_layer.checks import Check, SampleScope, Verdict
 from idem_assets.lib.model.errors import SchemaMismatchError
+from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.windows import ONLY, Box, Cell, WriteWindow, as_pairs, cells_for
 from idem_assets.lib.sql import statements as batch_sql
 
-_STAGED = "staged"
+_STAGED, _DAY = "staged", "idem day"
 _SAMPLE_ROWS = 5
 
 
@@ -150,10 +151,10 @@ def _day_sample(
     con: duckdb.DuckDBPyConnection, verdict: Verdict, key: str, box: Box
 ) -> list[dict[str, Any]]:
     """Failing rows of one partition (its counts, for a row count)."""
-    in_day, params = batch_sql.box_predicate(box)
-    scope = SampleScope(
-        con, _STAGED, verdict.per_partition, key, in_day, params, limit=_SAMPLE_ROWS
-    )
+    # The day's rows as a table of their own, so every check's sample reads them unchanged.
+    query, params = batch_sql.select_window(_STAGED, None, (box,))
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {quote(_DAY)} AS {query}", params)
+    scope = SampleScope(con, _DAY, verdict.per_partition, key, limit=_SAMPLE_ROWS)
     return verdict.check.sample(scope)
 
 

@@ -39,10 +39,8 @@ class SampleScope:
     con: duckdb.DuckDBPyConnection
     relation: str
     per_partition: Mapping[str, Any]
-    #: The partition whose rows are shown, with its predicate and parameters; ``None``: the batch.
+    #: The partition whose rows ``relation`` holds; ``None``: the whole batch.
     day: str | None = None
-    in_day: str = "TRUE"
-    params: Sequence[Any] = ()
     #: ``(dimension, column)`` of each partition column (see :func:`~windows.as_pairs`).
     partition_columns: tuple[tuple[str, str], ...] = ()
     window: WriteWindow | None = None
@@ -53,9 +51,7 @@ class SampleScope:
         order = f" ORDER BY {order_by}" if order_by else ""
         return sample_records(
             self.con,
-            f"SELECT * FROM {self.relation} WHERE {self.in_day} AND ({condition}){order}"
-            f" LIMIT {int(self.limit)}",
-            self.params,
+            f"SELECT * FROM {quote(self.relation)} WHERE {condition}{order} LIMIT {int(self.limit)}",
         )
 
 
@@ -194,10 +190,8 @@ class Unique(Check):
 
     def sample(self, scope: SampleScope) -> list[dict[str, Any]]:
         """The rows of the first few repeated keys, within the scope."""
-        source = f"(SELECT * FROM {scope.relation} WHERE {scope.in_day})"
-        # The source appears twice in the statement, so its parameters are bound twice.
-        query = batch_sql.duplicate_key_sample(source, self.columns, scope.limit)
-        return sample_records(scope.con, query, [*scope.params, *scope.params])
+        query, params = batch_sql.duplicate_key_sample(scope.relation, self.columns, scope.limit)
+        return sample_records(scope.con, query, params)
 
 
 @dataclass(frozen=True)
@@ -243,7 +237,7 @@ class InWindow(Check):
         """Rows outside the window (a partition on its own holds none)."""
         if scope.day is not None or not scope.partition_columns or scope.window is None:
             return []
-        schema = scope.con.sql(f"SELECT * FROM {scope.relation} LIMIT 0").to_arrow_table().schema
+        schema = scope.con.sql(f"SELECT * FROM {quote(scope.relation)} LIMIT 0").to_arrow_table().schema
         columns = [c for _, c in scope.partition_columns]
         region = region_for(
             scope.window, scope.partition_columns, {c: schema.field(c).type for c in columns}

@@ -258,6 +258,15 @@ def _partition_case(params: Params, cells: Sequence[Cell], alias: str | None) ->
     return case
 
 
+@statement(windows=("cells",), relations=("source",), values=("outside",))
+def rows_by_partition(
+    params: Params, source: Rel, cells: Sequence[Cell], key: str, outside: str
+) -> exp.Expression:
+    """Every row of ``source`` with a column ``key`` naming its partition (``outside`` if none)."""
+    case = exp.func("coalesce", _partition_case(params, cells, None), params.add(outside))
+    return exp.select(exp.Star(), exp.alias_(case, key, quoted=True)).from_(relation(source))
+
+
 @statement(windows=("cells",), relations=("source",))
 def count_by_partition(params: Params, source: Rel, cells: Sequence[Cell]) -> exp.Expression:
     """Rows of ``source`` in each partition: rows of ``(key, count)``, empty ones absent."""
