@@ -10,12 +10,12 @@ import subprocess
 import time
 from pathlib import Path
 
-#: Small jobs on two cores: two shuffle partitions, no UI, no progress bar, UTC.
+#: Small jobs on two shared cores: one shuffle partition, no UI, no progress bar, UTC.
 FAST_CONF: dict[str, str] = {
     "spark.master": "local[2]",
     "spark.app.name": "idem-tests",
-    "spark.sql.shuffle.partitions": "2",
-    "spark.default.parallelism": "2",
+    "spark.sql.shuffle.partitions": "1",
+    "spark.default.parallelism": "1",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.host": "127.0.0.1",
@@ -35,7 +35,7 @@ FAST_CONF: dict[str, str] = {
 
 
 def test_conf(root: Path) -> dict[str, str]:
-    """FAST_CONF with the warehouse, the Derby metastore and Spark's scratch files under ``root``."""
+    """FAST_CONF with the warehouse, a Derby metastore and Spark's scratch files under ``root``."""
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     java = (

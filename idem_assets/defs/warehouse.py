@@ -1,11 +1,12 @@
-"""The warehouse the code location writes: DuckDB by default, PostgreSQL or Delta by one setting.
+"""The warehouse the code location writes: DuckDB by default, or another engine by one setting.
 
-``IDEM_WAREHOUSE=duckdb|postgres|delta`` chooses the engine. Each engine is one entry of
+``IDEM_WAREHOUSE=duckdb|postgres|delta|spark`` chooses the engine. Each engine is one entry of
 :data:`ENGINES`: how to build its overwrite and merge IO managers from the environment, and how
 many runs may write it at once. Everything else in the code location reads and writes through
 those IO managers, so another engine is one more entry.
 """
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Where the Delta tables live: a folder, or an object-store URI (``s3://bucket/lake``) whose
 #: credentials delta-rs reads from the environment (AWS_* variables).
 DELTA_ROOT = "IDEM_DELTA_ROOT"
+
+#: The Spark session's settings as a JSON object (``{"spark.master": "spark://host:7077", ...}``);
+#: unset, local Spark with a Derby metastore and the warehouse under ``.data/spark``.
+SPARK_CONF = "IDEM_SPARK_CONF"
 
 #: The PostgreSQL warehouse's connection, from the environment; the password only from
 #: IDEM_PG_PASSWORD, read when a connection opens (never in config, logs or metadata).
@@ -89,6 +94,29 @@ def delta_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]
     return ia.DeltaOverwriteIOManager(root=root), ia.DeltaMergeIOManager(root=root)
 
 
+def spark_conf() -> dict[str, str]:
+    """The Spark settings: ``$IDEM_SPARK_CONF``, else local Spark under ``.data/spark``."""
+    given = os.environ.get(SPARK_CONF)
+    if given:
+        return {str(k): str(v) for k, v in json.loads(given).items()}
+    root = REPO_ROOT / ".data" / "spark"
+    return {
+        "spark.master": "local[*]",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.warehouse.dir": str(root / "warehouse"),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": (
+            f"jdbc:derby:;databaseName={root / 'metastore_db'};create=true"
+        ),
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={root}",
+    }
+
+
+def spark_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]:
+    """Both IO managers on the Spark session :func:`spark_conf` configures."""
+    conf = spark_conf()
+    return ia.SparkOverwriteIOManager(spark_conf=conf), ia.SparkMergeIOManager(spark_conf=conf)
+
+
 ENGINES: dict[str, Engine] = {
     "duckdb": Engine(
         name="duckdb",
@@ -118,6 +146,18 @@ ENGINES: dict[str, Engine] = {
         pool_reason=(
             "Delta Lake commits optimistically: runs of different days write files of their own"
             " and both commit, and two writers of the same day retry, so neither doubles it."
+        ),
+    ),
+    "spark": Engine(
+        name="spark",
+        slots=1,
+        # More than one only with an external Hive metastore: an embedded one admits one process.
+        multi_writer=True,
+        io_managers=spark_io_managers,
+        pool_reason=(
+            "Spark's embedded metastore admits one process: runs wait in the queue. With a"
+            " cluster's Hive metastore (spark.hadoop.hive.metastore.uris), raise"
+            " IDEM_WAREHOUSE_SLOTS: commits to one table take turns on its lock."
         ),
     ),
 }

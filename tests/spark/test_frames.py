@@ -98,16 +98,18 @@ def test_a_dataframe_output_is_published_without_reaching_the_driver(
     with rows_to_driver() as seen:
         for version in (0, 1):
             dg.materialize(
-                [events_asset(version)], resources=resources(spark_conf, tmp_path),
+                [events_asset(version)],
+                resources=resources(spark_conf, tmp_path),
                 partition_key="2026-01-02",
             )
     # Only aggregates, catalog reads and fingerprints: never a batch's rows.
     assert seen and max(n for _, n in seen) < 100, seen
     stored = spark.table("main.events")
     assert stored.count() == ROWS
-    assert stored.agg(F.sum("amount")).first()[0] == day_frame(spark, "2026-01-02", 1).agg(
-        F.sum("amount")
-    ).first()[0]
+    assert (
+        stored.agg(F.sum("amount")).first()[0]
+        == day_frame(spark, "2026-01-02", 1).agg(F.sum("amount")).first()[0]
+    )
 
 
 def test_a_dataframe_with_a_stray_row_is_refused_and_nothing_changes(

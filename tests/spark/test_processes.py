@@ -64,7 +64,8 @@ def versions(spark: Any, schema: str) -> dict[str, tuple[int, list[float]]]:
     """Each day's row count and the versions its rows hold, read by a fresh query."""
     spark.catalog.refreshTable(f"{schema}.events")
     rows = spark.sql(
-        f"SELECT idem_day, count(*), sort_array(collect_set(amount)) FROM {schema}.events GROUP BY 1"
+        f"SELECT idem_day, count(*), sort_array(collect_set(amount))"
+        f" FROM {schema}.events GROUP BY 1"
     ).collect()
     return {r[0].isoformat(): (r[1], list(r[2])) for r in rows}
 
@@ -95,7 +96,9 @@ def test_a_driver_killed_at_random_points_leaves_every_day_old_or_new(
             time.sleep(rng.uniform(0.0, 12.0))
             os.killpg(process.pid, signal.SIGKILL)
         # The killed driver may hold the table's lock: break it, as its operator would.
-        spark.sql(f"ALTER TABLE {DATABASE}.{TABLE} DROP IF EXISTS PARTITION (name = '{schema}.events')")
+        spark.sql(
+            f"ALTER TABLE {DATABASE}.{TABLE} DROP IF EXISTS PARTITION (name = '{schema}.events')"
+        )
         found = versions(spark, schema)
         assert sorted(found) == DAYS, found
         assert all(n == ROWS and len(v) == 1 for n, v in found.values()), f"trial {trial}: {found}"
@@ -111,8 +114,12 @@ def test_two_drivers_overwriting_one_day_at_once_leave_one_batch(
 ) -> None:
     barrier = tmp_path / "go"
     with (
-        driver(spec(spark_conf, schema, tmp_path, version=1, days=[DAYS[1]], barrier=str(barrier))) as a,
-        driver(spec(spark_conf, schema, tmp_path, version=2, days=[DAYS[1]], barrier=str(barrier))) as b,
+        driver(
+            spec(spark_conf, schema, tmp_path, version=1, days=[DAYS[1]], barrier=str(barrier))
+        ) as a,
+        driver(
+            spec(spark_conf, schema, tmp_path, version=2, days=[DAYS[1]], barrier=str(barrier))
+        ) as b,
     ):
         for process in (a, b):
             expect(process, "start")

@@ -37,7 +37,10 @@ def batch(days: list[str], version: int, rows: int = ROWS) -> pa.Table:
 def main(spec: dict[str, Any]) -> None:
     spark = spark_session(spec["conf"])
     backend = SparkBackend(spark, spec["warehouse"])
-    write = replace(settings(spec.get("mode", "overwrite"), METADATA, table=spec["table"]), schema=spec["schema"])
+    write = replace(
+        settings(spec.get("mode", "overwrite"), METADATA, table=spec["table"]),
+        schema=spec["schema"],
+    )
     days = spec.get("days", DAYS)
     print("start", flush=True)
     barrier = spec.get("barrier")
@@ -56,7 +59,9 @@ def main(spec: dict[str, Any]) -> None:
     version = spec.get("version", 1)
     while True:
         try:
-            ia.publish(backend, batch(days, version), write, window(*days), now=NOW, on_stage=on_stage)
+            ia.publish(
+                backend, batch(days, version), write, window(*days), now=NOW, on_stage=on_stage
+            )
         except ia.IdempotencyError as exc:
             print("refused", type(exc).__name__, json.dumps(str(exc)), flush=True)
             return

@@ -237,7 +237,9 @@ class InWindow(Check):
         """Rows outside the window (a partition on its own holds none)."""
         if scope.day is not None or not scope.partition_columns or scope.window is None:
             return []
-        schema = scope.con.sql(f"SELECT * FROM {quote(scope.relation)} LIMIT 0").to_arrow_table().schema
+        schema = (
+            scope.con.sql(f"SELECT * FROM {quote(scope.relation)} LIMIT 0").to_arrow_table().schema
+        )
         columns = [c for _, c in scope.partition_columns]
         region = region_for(
             scope.window, scope.partition_columns, {c: schema.field(c).type for c in columns}

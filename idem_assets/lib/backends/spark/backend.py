@@ -17,11 +17,13 @@ finds it raised since it described the table raises
 """
 
 import json
+import operator
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import reduce
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import pyarrow as pa
@@ -33,7 +35,6 @@ from pyspark.sql import types as T
 from idem_assets.lib.backends.spark import catalog, sql
 from idem_assets.lib.backends.spark.catalog import Spec
 from idem_assets.lib.backends.spark.evaluator import SparkEvaluator
-from idem_assets.lib.backends.spark.locks import table_lock
 from idem_assets.lib.backends.spark.layout import (
     COLUMNS,
     OWNER,
@@ -47,13 +48,14 @@ from idem_assets.lib.backends.spark.layout import (
     meets,
     new_layout,
 )
+from idem_assets.lib.backends.spark.locks import table_lock
 from idem_assets.lib.backends.spark.sql import DAY, with_days
 from idem_assets.lib.backends.spark.types import SparkTypes, arrow_type, spark_schema, spark_type
 from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Region, WriteWindow, stored_region
 from idem_assets.lib.sql import statements
-from idem_assets.lib.write.evaluator import stored_rows
+from idem_assets.lib.write.evaluator import DuckDBEvaluator, embedded, stored_rows
 from idem_assets.lib.write.seam import (
     Capabilities,
     CommitConflict,
@@ -132,7 +134,7 @@ class _Plan:
 class SparkBackend:
     """Publishes to Parquet tables in the catalog of ``spark``'s session."""
 
-    capabilities = CAPABILITIES
+    capabilities: ClassVar[Capabilities] = CAPABILITIES
 
     def __init__(self, spark: SparkSession, warehouse: str | None = None) -> None:
         """Tables of a schema the catalog lacks go to ``<warehouse>/<schema>.db``.
@@ -198,7 +200,9 @@ class SparkBackend:
             location = _literal(catalog.qualified(self.spark, self._database_location(db)))
             self.spark.sql(f"CREATE DATABASE IF NOT EXISTS `{db}` LOCATION {location}")
 
-    def window(self, table: _Table, region: Region, names: Sequence[str] | None = None) -> DataFrame:
+    def window(
+        self, table: _Table, region: Region, names: Sequence[str] | None = None
+    ) -> DataFrame:
         """The table's rows in ``region`` (pruned to its partitions), its columns in order."""
         names = list(table.columns) if names is None else list(names)
         pruned = with_days(region, _time_column(table, region)) if DAY in table.layout else region
@@ -288,6 +292,7 @@ class SparkTransaction:
         self.committed: dict[str, Any] = {}
         self._table: _Table | None = None
         self._staged: DataFrame | None = None
+        self._duck: DuckDBEvaluator | None = None
         self._stage_dir: str | None = None
         self._struct: T.StructType | None = None
         self._layout: tuple[str, ...] = ()
@@ -320,21 +325,25 @@ class SparkTransaction:
         )
 
     def stage(self, batch: pa.Table | DataFrame, fitted: Fitted) -> Staged:
-        """Write the batch, as stored, into a fresh version directory; the guards read it there."""
+        """The batch as stored, where the guards read it.
+
+        A Spark DataFrame is written once into a fresh version directory, and the guards' Spark
+        jobs and the write read that copy (a DataFrame evaluated twice can differ). An Arrow
+        batch is already whole in the driver: the guards judge it in the embedded DuckDB, and
+        Spark reads it as local data, written once by the write.
+        """
         table = self._current()
         settings = fitted.settings
         types = {f.stored_name: f.stored_type for f in fitted.columns}
         order = list(fitted.order)
+        local = None
         if isinstance(batch, pa.Table):
-            stored = stored_rows(batch, fitted)
-            frame = self.spark.createDataFrame(stored, schema=spark_schema(stored.schema))
+            local = stored_rows(batch, fitted)
+            frame = self.spark.createDataFrame(local, schema=spark_schema(local.schema))
         else:
             by_name = {f.stored_name: f for f in fitted.columns}
             frame = batch.select(
-                *[
-                    F.col(f"`{by_name[c].name}`").cast(spark_type(types[c])).alias(c)
-                    for c in order
-                ]
+                *[F.col(f"`{by_name[c].name}`").cast(spark_type(types[c])).alias(c) for c in order]
             )
         time_column = settings.time_column if settings.partition_columns else None
         if table.exists:
@@ -350,6 +359,10 @@ class SparkTransaction:
         data = [c for c in order if c not in layout]
         fields = {f.name: f for f in frame.schema}
         self._struct = T.StructType([fields[c] for c in (*data, *layout)])
+        if local is not None:
+            self._staged = frame
+            self._duck = embedded()
+            return Staged(relation=self._duck.register(local), evaluator=self._duck)
         self._stage_dir = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
         self._write(frame, self._stage_dir)
         self._staged = self._read(self._stage_dir)
@@ -385,7 +398,9 @@ class SparkTransaction:
         matched = self._counts(hits, scope)
         elsewhere, sample = 0, None
         if scope.pcols:
-            outside = ev.frame(sql.select((table.db, table.name), list(table.columns), scope.region, negate=True))
+            outside = ev.frame(
+                sql.select((table.db, table.name), list(table.columns), scope.region, negate=True)
+            )
             living = outside.join(keys, scope.key, "left_semi")
             elsewhere = living.count()
             if elsewhere:
@@ -401,7 +416,9 @@ class SparkTransaction:
                     statements.count_by_partition(relation, scope.cells, dialect="spark")
                 )
             }
-        return {None: int(ev.one(statements.count_window(relation, scope.region, dialect="spark"))[0])}
+        return {
+            None: int(ev.one(statements.count_window(relation, scope.region, dialect="spark"))[0])
+        }
 
     # Writing ------------------------------------------------------------------------------
 
@@ -410,47 +427,65 @@ class SparkTransaction:
         scope = plan.scope
         settings = scope.settings
         table = self._current()
-        assert self._staged is not None and self._stage_dir is not None and self._struct is not None
+        assert self._staged is not None and self._struct is not None
         order = list(scope.fitted.order)
         batch = self._staged.select(*[F.col(f"`{c}`") for c in order])
+        rows: int | None = None
         if settings.mode == "merge" and settings.dedupe_order_by:
-            q = statements.dedupe(
-                scope.staged.relation, scope.key, settings.dedupe_order_by, order, dialect="spark"
-            )
-            batch = self.evaluator.frame(q)
-        # An overwrite's rows are the window's once written (the guards refused any other).
-        rows = batch.count() if settings.mode == "merge" else None
+            by = settings.dedupe_order_by
+            if self._duck is not None:
+                q = statements.dedupe(scope.staged.relation.strip('"'), scope.key, by, order)
+                kept = self._duck.arrow(q)
+                rows = kept.num_rows
+                batch = self.spark.createDataFrame(kept, schema=self._data_struct(order))
+            else:
+                q = statements.dedupe(
+                    scope.staged.relation, scope.key, by, order, dialect="spark"
+                )
+                batch = self.evaluator.frame(q)
+        if rows is None and settings.mode == "merge":
+            # An overwrite's rows are the window's once written (the guards refused any other).
+            rows = batch.count()
         on_stage("deleted")
         layout, time_column = self._layout, scope.time_column
-        existing = catalog.partitions(self.spark, table.db, table.name) if table.exists and layout else {}
+        existing = (
+            catalog.partitions(self.spark, table.db, table.name) if table.exists and layout else {}
+        )
         touched = {s: loc for s, loc in existing.items() if meets(scope.region, s, time_column)}
         partial = [s for s in touched if not covers(scope.region, s, time_column)]
         window = batch
         kept_in_window = settings.mode == "merge" and table.exists and not settings.delete_missing
         if kept_in_window:
             current = self._as_batch(self.backend.window(table, scope.region), order)
-            window = window.unionByName(current.join(batch.select(*scope.key), scope.key, "left_anti"))
+            window = window.unionByName(
+                current.join(batch.select(*scope.key), scope.key, "left_anti")
+            )
         if partial:
             outside = self.evaluator.frame(
                 sql.select((table.db, table.name), list(table.columns), scope.region, negate=True)
             )
-            values = [dict(s) for s in partial]
-            keep = None
-            for spec in values:
-                term = None
-                for c in layout:
-                    source = _day(time_column, scope.fitted.partition_types[time_column]) if c == DAY and time_column else F.col(f"`{c}`")
-                    cond = source.cast("string") == F.lit(spec[c.lower()])
-                    term = cond if term is None else term & cond
-                keep = term if keep is None else keep | term
-            assert keep is not None
+            types = scope.fitted.partition_types
+
+            def column(c: str) -> Any:
+                if c == DAY and time_column:
+                    return _day(time_column, types[time_column])
+                return F.col(f"`{c}`")
+
+            def in_spec(spec: Spec) -> Any:
+                values = dict(spec)
+                terms = [column(c).cast("string") == F.lit(values[c.lower()]) for c in layout]
+                return reduce(operator.and_, terms)
+
+            keep = reduce(operator.or_, [in_spec(s) for s in partial])
             window = window.unionByName(self._as_batch(outside.where(keep), order))
-        if kept_in_window or partial or window is not batch or settings.dedupe_order_by:
+        if self._stage_dir is None or kept_in_window or partial or settings.dedupe_order_by:
             version = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
             frame = window
             if DAY in layout:
                 assert time_column is not None
-                frame = frame.withColumn(DAY, _day(time_column, scope.fitted.partition_types[time_column]))
+                frame = frame.withColumn(
+                    DAY, _day(time_column, scope.fitted.partition_types[time_column])
+                )
             self._write(frame, version)
             written = self._read(version)
         else:
@@ -469,7 +504,9 @@ class SparkTransaction:
             for c in scope.fitted.changes
             if c.action == "add_column"
         ]
-        replaced = [touched[s] for s in touched] if layout else ([table.location] if table.exists else [])
+        replaced = (
+            [touched[s] for s in touched] if layout else ([table.location] if table.exists else [])
+        )
         self._plan = _Plan(
             version=version,
             create=plan.create,
@@ -485,16 +522,19 @@ class SparkTransaction:
             rows = sum(n for n, _ in fingerprints.values())
         return Written(rows=rows, fingerprints=fingerprints)
 
+    def _data_struct(self, order: Sequence[str]) -> T.StructType:
+        """The batch's columns as Spark types, in ``order``."""
+        assert self._struct is not None
+        fields = {f.name: f for f in self._struct}
+        return T.StructType([fields[c] for c in order])
+
     def _as_batch(self, frame: DataFrame, order: Sequence[str]) -> DataFrame:
         """Stored rows in the batch's columns (NULL in a column this publish adds)."""
         assert self._struct is not None
         types = {f.name: f.dataType for f in self._struct}
         have = set(frame.columns)
         return frame.select(
-            *[
-                F.col(f"`{c}`") if c in have else F.lit(None).cast(types[c]).alias(c)
-                for c in order
-            ]
+            *[F.col(f"`{c}`") if c in have else F.lit(None).cast(types[c]).alias(c) for c in order]
         )
 
     def _fingerprints(self, written: DataFrame, scope: Scope) -> Fingerprints:
@@ -537,7 +577,9 @@ class SparkTransaction:
                     f" (version {table.version} -> {now}) while this one wrote"
                 )
             properties = {VERSION: str(table.version + 1), COLUMNS: json.dumps(plan.order)}
-            spark.sql(f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ({_properties(properties)})")
+            spark.sql(
+                f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ({_properties(properties)})"
+            )
             if plan.added:
                 columns = ", ".join(f"`{c}` {t}" for c, t in plan.added)
                 spark.sql(f"ALTER TABLE {table.qualified} ADD COLUMNS ({columns})")
@@ -557,7 +599,9 @@ class SparkTransaction:
         data = [f for f in plan.struct if f.name not in self._layout]
         parts = [f for f in plan.struct if f.name in self._layout]
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in (*data, *parts))
-        partitioned = f" PARTITIONED BY ({', '.join(f'`{c}`' for c in self._layout)})" if self._layout else ""
+        partitioned = (
+            f" PARTITIONED BY ({', '.join(f'`{c}`' for c in self._layout)})" if self._layout else ""
+        )
         location = table.root if self._layout else plan.version
         assert self._owner is not None
         properties = {
@@ -573,7 +617,9 @@ class SparkTransaction:
             )
         except AnalysisException as exc:
             if "ALREADY_EXISTS" in str(exc) or "already exists" in str(exc):
-                raise CommitConflict(f"table {table.db}.{table.name} was created meanwhile") from exc
+                raise CommitConflict(
+                    f"table {table.db}.{table.name} was created meanwhile"
+                ) from exc
             raise
         if plan.moves:
             adds = " ".join(
@@ -608,6 +654,11 @@ class SparkTransaction:
     def close(self) -> None:
         """Drop the views this publish registered."""
         self.evaluator.release()
+        if self._duck is not None:
+            try:
+                self._duck.release()
+            finally:
+                self._duck.conn.close()
 
 
 def _properties(values: Mapping[str, str]) -> str:

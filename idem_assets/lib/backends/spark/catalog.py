@@ -27,7 +27,9 @@ def _jvm(spark: SparkSession) -> Any:
 
 def _ident(spark: SparkSession, db: str, table: str) -> Any:
     jvm = _jvm(spark)
-    return jvm.org.apache.spark.sql.catalyst.TableIdentifier.apply(table, jvm.scala.Option.apply(db))
+    return jvm.org.apache.spark.sql.catalyst.TableIdentifier.apply(
+        table, jvm.scala.Option.apply(db)
+    )
 
 
 def _scala_map(spark: SparkSession, items: Mapping[str, str]) -> Any:
@@ -118,7 +120,9 @@ def written_partitions(spark: SparkSession, location: str, layout: Sequence[str]
 def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, str]:
     """Every partition of the table with its location, read from the metastore now."""
     found: dict[Spec, str] = {}
-    listed = _catalog(spark).listPartitions(_ident(spark, db, table), _jvm(spark).scala.Option.empty())
+    listed = _catalog(spark).listPartitions(
+        _ident(spark, db, table), _jvm(spark).scala.Option.empty()
+    )
     for i in range(listed.size()):
         part = listed.apply(i)
         spec = _as_dict(spark, part.spec())
@@ -180,7 +184,7 @@ def remove(spark: SparkSession, location: str) -> None:
     fs, path = _path(spark, location)
     try:
         fs.delete(path, True)
-    except Exception:  # noqa: BLE001 - cleanup: the data is already published or refused
+    except Exception:
         pass
 
 

@@ -90,4 +90,3 @@ def where(frame: DataFrame, statement: Statement) -> DataFrame:
         return found
     finally:
         spark.catalog.dropTempView(view)
-

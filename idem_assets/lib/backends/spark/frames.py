@@ -62,6 +62,9 @@ def _uuid_like(frame: DataFrame, name: str) -> list[object]:
     if canonical:
         return [canonical[0][0]]
     hexed = c.rlike(_HEX32)
-    random = [r[0] for r in frame.where(hexed & c.rlike(_RANDOM_HEX)).select(c).limit(_HEX_SAMPLE).collect()]
+    random = [
+        r[0]
+        for r in frame.where(hexed & c.rlike(_RANDOM_HEX)).select(c).limit(_HEX_SAMPLE).collect()
+    ]
     other = [r[0] for r in frame.where(hexed & ~c.rlike(_RANDOM_HEX)).select(c).limit(1).collect()]
     return random + other

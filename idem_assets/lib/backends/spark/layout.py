@@ -26,7 +26,7 @@ ROOT = "idem.root"
 VERSIONS = "_idem_versions"
 
 #: Characters Spark escapes in a partition directory's name (``ExternalCatalogUtils``).
-_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(1, 32)}
+_ESCAPED = set("\"#%'*/:=?\\\x7f{[]^") | {chr(c) for c in range(1, 32)}
 
 
 def escape(value: str) -> str:
@@ -59,7 +59,9 @@ def directory(version: str, spec: Spec, layout: Sequence[str]) -> str:
     return version + "".join(f"/{key_path(c, values[c.lower()])}" for c in layout)
 
 
-def new_layout(time_column: str | None, time_is_timestamp: bool, names: Sequence[str]) -> tuple[str, ...]:
+def new_layout(
+    time_column: str | None, time_is_timestamp: bool, names: Sequence[str]
+) -> tuple[str, ...]:
     """The partition columns of a new table: the day (or the date column), then categories."""
     categories = [n for n in names if n != time_column]
     if time_column is None:
