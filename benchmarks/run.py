@@ -26,6 +26,7 @@ from benchmarks import (
     bench_postgres,
     bench_publish,
     bench_scaling,
+    bench_spark,
     breakdown,
 )
 from benchmarks.harness import ROOT, Line, Scale, machine, render
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "memory": bench_memory,
     "delta": bench_delta,
     "postgres": bench_postgres,
+    "spark": bench_spark,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 #: Small jobs on two shared cores: one shuffle partition, no UI, no progress bar, UTC.
 FAST_CONF: dict[str, str] = {
@@ -140,3 +141,18 @@ def client_conf(root: Path, metastore: Metastore) -> dict[str, str]:
     del conf["spark.hadoop.javax.jdo.option.ConnectionURL"]
     conf["spark.hadoop.hive.metastore.uris"] = metastore.uri
     return conf
+
+
+def drop_schema(spark: Any, name: str) -> None:
+    """Drop schema ``name`` and its tables, if it exists.
+
+    One table at a time: a Hive metastore server refuses ``DROP DATABASE ... CASCADE`` of a
+    schema whose tables' partitions live outside their table's directory (as the Spark engine's
+    version directories do) with ``NoSuchObjectException``.
+    """
+    if not spark.catalog.databaseExists(name):
+        return
+    for table in spark.catalog.listTables(name):
+        if not table.isTemporary:
+            spark.sql(f"DROP TABLE IF EXISTS `{name}`.`{table.name}`")
+    spark.sql(f"DROP DATABASE IF EXISTS `{name}`")

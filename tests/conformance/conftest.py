@@ -182,15 +182,19 @@ def spark_backend(spark_conf: Mapping[str, str], warehouse: str) -> Iterator[Bac
 
 def spark_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     """The Spark backend on the worker's one session, its catalog emptied for the test."""
+    from idem_assets.lib.backends.spark import locks
     from idem_assets.lib.backends.spark.backend import SparkBackend
     from idem_assets.lib.backends.spark.layout import OWNER
+    from tests.spark_session import drop_schema
 
     spark = request.getfixturevalue("spark")
     spark_conf = request.getfixturevalue("spark_conf")
-    # One session (and metastore) per worker: each test starts from an empty catalog.
+    # One session (and metastore) per worker: each test starts from an empty catalog (the
+    # library's own table locks, released after every commit, stay).
+    own = ("default", locks.DATABASE)
     for db in spark.catalog.listDatabases():
-        if db.name != "default":
-            spark.sql(f"DROP DATABASE `{db.name}` CASCADE")
+        if db.name not in own:
+            drop_schema(spark, db.name)
     warehouse = str(directory / "warehouse")
     backend = SparkBackend(spark, warehouse)
 
@@ -202,6 +206,8 @@ def spark_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     def snapshot() -> dict[str, str | None]:
         found: dict[str, str | None] = {}
         for db in spark.catalog.listDatabases():
+            if db.name == locks.DATABASE:
+                continue
             for t in spark.catalog.listTables(db.name):
                 if t.isTemporary:
                     continue

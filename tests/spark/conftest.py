@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from idem_assets.lib.backends.spark.backend import SparkBackend
+from tests.spark_session import drop_schema
 
 
 @pytest.fixture
@@ -16,7 +17,7 @@ def schema(spark: Any, tmp_path: Path) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:10]}"
     spark.sql(f"CREATE DATABASE {name} LOCATION '{tmp_path / (name + '.db')}'")
     yield name
-    spark.sql(f"DROP DATABASE {name} CASCADE")
+    drop_schema(spark, name)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 import idem_assets as ia
 from idem_assets.lib.backends.spark.backend import SparkBackend
 from tests.helpers import DAILY
+from tests.spark_session import drop_schema
 
 ROWS = 20_000
 METADATA: dict[str, Any] = {"partition_expr": "event_at", "primary_key": ["event_id"]}
@@ -72,7 +73,7 @@ def day_frame(spark: Any, day: str, version: int = 0, stray: bool = False) -> Da
 @pytest.fixture(autouse=True)
 def empty_main(spark: Any) -> None:
     """The assets here write schema main of the worker's catalog: each test starts without it."""
-    spark.sql("DROP DATABASE IF EXISTS main CASCADE")
+    drop_schema(spark, "main")
 
 
 def resources(spark_conf: dict[str, str], tmp_path: Path) -> dict[str, Any]:

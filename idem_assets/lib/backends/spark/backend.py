@@ -439,9 +439,7 @@ class SparkTransaction:
                 rows = kept.num_rows
                 batch = self.spark.createDataFrame(kept, schema=self._data_struct(order))
             else:
-                q = statements.dedupe(
-                    scope.staged.relation, scope.key, by, order, dialect="spark"
-                )
+                q = statements.dedupe(scope.staged.relation, scope.key, by, order, dialect="spark")
                 batch = self.evaluator.frame(q)
         if rows is None and settings.mode == "merge":
             # An overwrite's rows are the window's once written (the guards refused any other).
