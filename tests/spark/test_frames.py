@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
 import idem_assets as ia
 from idem_assets.lib.backends.spark.backend import SparkBackend
@@ -30,7 +31,8 @@ def rows_to_driver() -> Iterator[list[tuple[str, int]]]:
     reached the driver (only aggregates and samples did).
     """
     seen: list[tuple[str, int]] = []
-    originals = {name: getattr(DataFrame, name) for name in FETCHES}
+    # The session's DataFrames are classic ones, which implement each method themselves.
+    originals = {name: getattr(ClassicDataFrame, name) for name in FETCHES}
 
     def spy(name: str) -> Any:
         original = originals[name]
@@ -46,12 +48,12 @@ def rows_to_driver() -> Iterator[list[tuple[str, int]]]:
         return fetch
 
     for name in FETCHES:
-        setattr(DataFrame, name, spy(name))
+        setattr(ClassicDataFrame, name, spy(name))
     try:
         yield seen
     finally:
         for name, original in originals.items():
-            setattr(DataFrame, name, original)
+            setattr(ClassicDataFrame, name, original)
 
 
 def day_frame(spark: Any, day: str, version: int = 0, stray: bool = False) -> DataFrame:

@@ -34,14 +34,16 @@ ROOT = Path(__file__).resolve().parents[2]
 @contextmanager
 def driver(spec: dict[str, Any]) -> Iterator[subprocess.Popen[str]]:
     """A writer process in a process group of its own; its group is killed on the way out."""
+    log = Path(spec["warehouse"]).parent / f"driver-{random.random()}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.spark.writer", json.dumps(spec)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=log.open("w"),
         text=True,
         start_new_session=True,
     )
+    process.log = log  # type: ignore[attr-defined]
     try:
         yield process
     finally:
@@ -56,7 +58,9 @@ def expect(process: subprocess.Popen[str], word: str, timeout: float = 240) -> s
     deadline = time.monotonic() + timeout
     line = process.stdout.readline()
     assert time.monotonic() < deadline, f"the driver took over {timeout} s to say {word}"
-    assert line.startswith(word), f"expected {word!r}, got {line!r}"
+    if not line.startswith(word):
+        errors = [t for t in process.log.read_text().splitlines() if "Error" in t]  # type: ignore[attr-defined]
+        raise AssertionError(f"expected {word!r}, got {line!r}: {errors[-5:]}")
     return line.strip()
 
 

@@ -21,8 +21,8 @@ import operator
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from functools import reduce
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any, ClassVar
 
 import pandas as pd

@@ -198,7 +198,8 @@ def partition_created(
     spark: SparkSession, db: str, table: str, spec: Mapping[str, str]
 ) -> float | None:
     """When a partition was added (seconds since the epoch), ``None`` if it is gone."""
-    found = _catalog(spark).getPartitionOption(_ident(spark, db, table), _scala_map(spark, spec))
+    external = spark._jsparkSession.sharedState().externalCatalog()  # type: ignore[union-attr]
+    found = external.getPartitionOption(db, table, _scala_map(spark, spec))
     if not found.isDefined():
         return None
     return float(found.get().createTime()) / 1000
