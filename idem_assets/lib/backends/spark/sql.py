@@ -53,7 +53,7 @@ def with_days(region: Region, time_column: str | None) -> Region:
     return tuple(boxes)
 
 
-def _hash_sum(names: Sequence[str]) -> exp.Expression:
+def _hash_sum(names: Sequence[str]) -> Any:
     hashed = exp.Anonymous(this="xxhash64", expressions=columns(sorted(names)))
     # Spark 4 runs in ANSI mode: a BIGINT sum of hashes overflows; DECIMAL(38, 0) holds it.
     total = exp.Sum(this=exp.Cast(this=hashed, to=exp.DataType.build("DECIMAL(38, 0)")))
