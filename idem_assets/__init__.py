@@ -39,7 +39,8 @@ from idem_assets.lib.model.errors import (
     StorageError,
     StrayRowsError,
 )
-from idem_assets.lib.model.settings import WriteSettings, resolve_settings
+from idem_assets.lib.model.identifiers import qualified, quote
+from idem_assets.lib.model.settings import WriteMode, WriteSettings, resolve_settings
 from idem_assets.lib.model.windows import PartitionWindow, WriteWindow, window_from_keys
 from idem_assets.lib.outbox.content import content_fingerprint
 from idem_assets.lib.outbox.outbox import (
@@ -122,6 +123,7 @@ __all__ = [
     "SparkResource",
     "StorageError",
     "StrayRowsError",
+    "WriteMode",
     "WriteSettings",
     "WriteWindow",
     "audit_table",
@@ -135,6 +137,8 @@ __all__ = [
     "in_window",
     "not_null",
     "publish",
+    "qualified",
+    "quote",
     "record_data_version",
     "resolve_settings",
     "row_count",

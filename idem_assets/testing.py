@@ -48,15 +48,16 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from idem_assets.lib.dagster_layer.frames import to_arrow
+from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
 from idem_assets.lib.kit.side_effects import SideEffect, watching
 from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.samples import format_sample
-from idem_assets.lib.model.windows import Box, as_pairs, cells_for, window_from_keys
+from idem_assets.lib.model.windows import as_pairs, cells_for, window_from_keys
 from idem_assets.lib.outbox.content import content_fingerprint
 from idem_assets.lib.outbox.outbox import DeliveryRecord, Outbox
+from idem_assets.lib.sql.predicates import arrow_expression
 from idem_assets.lib.write.publish import PUBLISH_STAGES, STAGE_HOOK
 
 Property = Literal["rerun", "chunking", "input_order", "clock", "hash_seed", "crash"]
@@ -892,21 +893,31 @@ def _default_clocks(
 
 
 def _relocated(resources: Mapping[str, Any], directory: Path) -> dict[str, Any]:
-    """The resources, with each idem_assets DuckDB file and outbox ledger moved to ``directory``."""
-    from idem_assets.lib.backends.duckdb.io_managers import (
-        DuckDBMergeIOManager,
-        DuckDBOverwriteIOManager,
-    )
-
+    """The resources, with each IO manager's tables and outbox ledger moved to ``directory``."""
     moved: dict[str, Any] = {}
     for name, res in resources.items():
-        if isinstance(res, DuckDBOverwriteIOManager | DuckDBMergeIOManager):
-            moved[name] = _with_field(res, "database", str(directory / Path(res.database).name))
+        if isinstance(res, IdempotentIOManager):
+            fresh = res.relocated(directory)
+            if fresh is None:
+                raise ConfigurationError(_unmovable(name, res))
+            moved[name] = fresh
         elif isinstance(res, Outbox):
             moved[name] = _with_field(res, "ledger", str(directory / Path(res.ledger).name))
         else:
             moved[name] = res
     return moved
+
+
+def _unmovable(name: str, res: IdempotentIOManager) -> str:
+    """Why the kit cannot give each trial a fresh copy of ``res``, and what to pass instead."""
+    return (
+        f"The rerun-safety kit cannot give each trial a fresh store for resource {name!r}:"
+        f" {type(res).__name__} keeps its tables in {res._location()!r}, which is not a"
+        " directory the kit can copy, and sharing it would let one trial see another's rows."
+        " Nothing was run. Fix: pass resources as a function of the trial's directory that"
+        " builds a fresh store for each, e.g. resources=lambda directory: {"
+        f"{name!r}: ia.DuckDBOverwriteIOManager(database=str(directory / 'w.duckdb'))}}."
+    )
 
 
 def _config_of(resource: Any) -> dict[str, Any] | None:
@@ -954,23 +965,9 @@ def _per_partition(
     window = window_from_keys(pdef, [str(k) for k in keys], name)
     types = {c: table.schema.field(c).type for _, c in pairs}
     return {
-        (name, key): table.filter(_in_box(box, types))
+        (name, key): table.filter(arrow_expression((box,), types))
         for key, box in cells_for(window, pairs, types, always=True)
     }
-
-
-def _in_box(box: Box, types: Mapping[str, pa.DataType]) -> pc.Expression:
-    """An Arrow filter for the rows of one partition's box."""
-    condition = pc.scalar(True)
-    for cond in box:
-        field, ctype = pc.field(cond.column), types[cond.column]
-        if cond.spans:
-            lo, hi = cond.spans[0]
-            inside = (field >= pa.scalar(lo, ctype)) & (field < pa.scalar(hi, ctype))
-        else:
-            inside = field.isin(pa.array(cond.values, ctype))
-        condition = condition & inside
-    return condition
 
 
 def _read_type(stored: _Stored) -> dg.DagsterType:

@@ -11,9 +11,7 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 
-from idem_assets.lib.model.settings import WriteMode, resolve_settings
-from idem_assets.lib.model.windows import window_from_keys
-from idem_assets.lib.write.publish import publish
+import idem_assets as ia
 
 DAYS = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
 ROWS_PER_DAY = 1000
@@ -39,16 +37,16 @@ def _append(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
     con.unregister("batch")
 
 
-def _write(con: duckdb.DuckDBPyConnection, mode: WriteMode, day: date) -> None:
-    settings = resolve_settings(
+def _write(con: duckdb.DuckDBPyConnection, mode: ia.WriteMode, day: date) -> None:
+    settings = ia.resolve_settings(
         asset_key=dg.AssetKey(f"events_{mode}"),
         metadata={"partition_expr": "event_at", "primary_key": ["event_id"]},
         mode=mode,
         default_schema="main",
         partitioned=True,
     )
-    window = window_from_keys(_DAILY, [day.isoformat()], settings.asset)
-    publish(con, day_batch(day), settings, window, now=datetime(2026, 1, 4, tzinfo=UTC))
+    window = ia.window_from_keys(_DAILY, [day.isoformat()], settings.asset)
+    ia.publish(con, day_batch(day), settings, window, now=datetime(2026, 1, 4, tzinfo=UTC))
 
 
 def run_worked_example(database: str) -> list[tuple[str, int, int]]:

@@ -54,18 +54,26 @@ def range_tags(first: str, last: str) -> dict[str, str]:
     }
 
 
-def readme_python(heading: str) -> str:
-    """The first Python block under ``heading`` in the README, exactly as printed."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split(f"\n{heading}\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+#: The repository's root: README.md and docs/ are read from there.
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def readme_bash(heading: str) -> list[str]:
-    """The command lines of the first bash block under ``heading`` in the README, as printed."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split(f"\n{heading}\n", 1)[1]
-    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+def doc_section(heading: str, doc: str) -> str:
+    """The text of ``doc`` (a path from the repository root) after the line ``heading``."""
+    text = (REPO_ROOT / doc).read_text()
+    if f"\n{heading}\n" not in text:
+        raise AssertionError(f"{doc} has no heading {heading!r}")
+    return text.split(f"\n{heading}\n", 1)[1]
+
+
+def doc_python(heading: str, doc: str = "docs/tutorial.md") -> str:
+    """The first Python block under ``heading`` in ``doc``, exactly as printed."""
+    return doc_section(heading, doc).split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def doc_bash(heading: str, doc: str = "docs/tutorial.md") -> list[str]:
+    """The command lines of the first bash block under ``heading`` in ``doc``, as printed."""
+    block = doc_section(heading, doc).split("```bash\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 

@@ -65,3 +65,16 @@ def test_results_file_holds_table_and_machine(tiny_run: dict[str, Any]) -> None:
     assert "| nproc |" in md and "| duckdb |" in md
     assert "## Where publish time goes" in md
     assert "| # | benchmark |" in tiny_run["stdout"]
+
+
+def test_the_import_benchmark_runs_as_its_docstring_prints_and_finds_no_driver() -> None:
+    from benchmarks import import_time
+
+    printed = [line.strip() for line in (import_time.__doc__ or "").splitlines()]
+    command = next(line for line in printed if line.startswith(".venv/bin/python"))
+    # As printed, with one repetition instead of seven so the suite stays quick.
+    argv = command.replace("--repeat 7", "--repeat 1").split()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "now: engine drivers loaded by the import: none" in proc.stdout
+    assert "x import dagster" in proc.stdout

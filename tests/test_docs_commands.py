@@ -1,4 +1,4 @@
-"""Commands docs/ prints that no other test runs as printed: each one run exactly so."""
+"""Commands the README and docs/ print that no other test runs as printed: each run exactly so."""
 
 import re
 import subprocess

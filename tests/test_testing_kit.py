@@ -39,7 +39,7 @@ from idem_assets.testing import (
     assert_rerun_idempotent,
     assert_rerun_safe,
 )
-from tests.helpers import DAILY, http_receiver, readme_python
+from tests.helpers import DAILY, doc_python, http_receiver
 
 DAY = "2026-01-02"
 RANGE = ("2026-01-01", "2026-01-02")
@@ -382,18 +382,18 @@ def test_an_outbox_action_whose_content_changes_every_run_fails_the_rerun(
     )
 
 
-def test_the_readme_kit_example_runs_as_printed(tmp_path: Path) -> None:
-    code = readme_python("## Prove your own assets are safe to rerun")
+def test_the_documented_kit_example_runs_as_printed(tmp_path: Path) -> None:
+    code = doc_python("## A first proof", doc="docs/testing.md")
     assert len(code.strip().splitlines()) <= 25
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/testing.md", "exec"), namespace)
     namespace["test_orders_are_rerun_safe"](tmp_path)
 
 
-def test_the_readme_outbox_example_sends_once_per_content(tmp_path: Path) -> None:
+def test_the_documented_outbox_example_sends_once_per_content(tmp_path: Path) -> None:
     namespace: dict[str, Any] = {}
-    code = readme_python("## Side effects a rerun does not repeat: the outbox")
-    exec(compile(code, "README.md", "exec"), namespace)
+    code = doc_python("## In short", doc="docs/outbox.md")
+    exec(compile(code, "docs/outbox.md", "exec"), namespace)
     outbox = ia.Outbox(ledger=str(tmp_path / "outbox.sqlite"))
     for _ in range(2):
         dg.materialize(
@@ -951,3 +951,45 @@ def test_a_range_run_of_an_asset_reading_one_partition_key_names_the_partition_f
         properties=["rerun", "chunking"],
     )
     assert report.skipped["chunking"] == "needs a partition_range of two or more partitions"
+
+
+def test_a_delta_store_is_moved_into_each_trial_like_a_duckdb_file(tmp_path: Path) -> None:
+    # Each trial gets its own Delta folder: sharing one, the second trial's days would overwrite
+    # the first's and the comparison would pass whatever the assets did.
+    given = tmp_path / "given"
+    report = assert_rerun_safe(
+        [orders, latest_orders],
+        resources={"io_manager": ia.DeltaOverwriteIOManager(root=str(given))},
+        partition_range=RANGE,
+        workdir=tmp_path / "trials",
+        properties=["rerun", "chunking"],
+    )
+    assert report.compared == ["orders", "latest_orders"]
+    assert not given.exists()
+    logs = (tmp_path / "trials").glob("*/given/main/*/_delta_log")
+    assert sorted((p.parents[3].name, p.parent.name) for p in logs) == [
+        ("baseline", "latest_orders"),
+        ("baseline", "orders"),
+        ("chunked", "latest_orders"),
+        ("chunked", "orders"),
+    ]
+
+
+def test_a_store_on_a_server_is_refused_with_a_fix_that_runs(tmp_path: Path) -> None:
+    server = ia.PostgresOverwriteIOManager(url="postgresql://kit@127.0.0.1:1/warehouse")
+    with pytest.raises(ia.ConfigurationError) as refused:
+        assert_rerun_safe(
+            [orders], resources={"io_manager": server}, partition=DAY, workdir=tmp_path
+        )
+    message = str(refused.value)
+    assert message.startswith(
+        "The rerun-safety kit cannot give each trial a fresh store for resource 'io_manager':"
+        " PostgresOverwriteIOManager keeps its tables in "
+    )
+    assert "password" not in message and "Nothing was run." in message
+    # The printed fix, as printed.
+    fix = message.split("e.g. resources=", 1)[1].rstrip(".")
+    report = assert_rerun_safe(
+        [orders], resources=eval(fix, {"ia": ia}), partition=DAY, workdir=tmp_path / "fixed"
+    )
+    assert report.compared == ["orders"]

@@ -23,7 +23,6 @@ from idem_assets.defs.resources import LandingZone
 from idem_assets.defs.revenue_running_total import revenue_running_total
 from idem_assets.defs.trips import trips
 from idem_assets.landing import list_days, manifest_rows
-from idem_assets.lib.model.identifiers import qualified, quote
 
 RECONCILE_CHECK = "rows_reconcile_with_manifests"
 
@@ -111,7 +110,8 @@ def rows_per_day(
         return {}
     # The daily partitions are UTC days and naive timestamps hold UTC wall-clock time.
     rows = conn.execute(
-        f"SELECT CAST({quote(column)} AS DATE), count(*) FROM {qualified(schema, table)} GROUP BY 1"
+        f"SELECT CAST({ia.quote(column)} AS DATE), count(*)"
+        f" FROM {ia.qualified(schema, table)} GROUP BY 1"
     ).fetchall()
     return {day.isoformat(): n for day, n in rows}
 

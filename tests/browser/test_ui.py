@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from defs import run_dev_data
 from e2e.dagster_services import TERMINAL_RUN_STATUSES, DagsterServices, ServicesError
 from e2e.readme import dagster_commands
 from playwright.sync_api import Locator, Page, expect
 
 from idem_assets import landing
 from idem_assets.defs.partitions import DAILY, GROUP
+from tests.defs.support import run_dev_data
 
 from .conftest import REPO_ROOT, Screenshots
 
@@ -36,7 +36,7 @@ BACKFILL_RANGE = "[2026-01-01...2026-01-05]"
 SHOWN_RANGE = "[2026-01-01...2026-01-06]"
 BLOCKING_CHECK = "passenger_count_between_1_and_6"
 RUN_TIMEOUT_S = 180.0
-#: The days of the README's `dagster job backfill` command.
+#: The days of docs/backfills.md's `dagster job backfill` command.
 CLI_DAYS = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-01-05"]
 
 _RUNS_BY_TAG = """

@@ -17,7 +17,7 @@ import pytest
 import idem_assets as ia
 from tests.conformance.conftest import Store
 from tests.conformance.writers import batch, materialize_at_once
-from tests.reliability import REPORT, count
+from tests.reliability.support import REPORT, count
 from tests.reliability.workers import context
 
 pytestmark = pytest.mark.slow

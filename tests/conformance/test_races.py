@@ -18,7 +18,7 @@ import idem_assets as ia
 from tests.conformance.conftest import Store
 from tests.conformance.race_workers import publish_at_barrier
 from tests.helpers import NOW, settings, window
-from tests.reliability import REPORT, count
+from tests.reliability.support import REPORT, count
 from tests.reliability.workers import context, write_batch
 
 pytestmark = pytest.mark.slow

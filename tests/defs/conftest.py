@@ -6,7 +6,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from . import MakePipeline, Pipeline, build_defs
+from .support import MakePipeline, Pipeline, build_defs
 
 
 @pytest.fixture

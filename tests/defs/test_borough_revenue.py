@@ -12,7 +12,16 @@ from idem_assets.defs.daily_borough_revenue import UnknownZoneError, borough_rev
 from idem_assets.defs.partitions import DAILY, DAILY_BY_BOROUGH
 from idem_assets.defs.zones import BOROUGH_OF_ZONE, BOROUGHS
 
-from . import ROWS, MakePipeline, Pipeline, d, days, delivered_trips, failure_text, materialized
+from .support import (
+    ROWS,
+    MakePipeline,
+    Pipeline,
+    d,
+    days,
+    delivered_trips,
+    failure_text,
+    materialized,
+)
 
 ASSET = "daily_borough_revenue"
 Row = tuple[date, str, int, int, Decimal, Decimal, Decimal]

@@ -8,7 +8,7 @@ import pytest
 from idem_assets import landing
 from idem_assets.defs.partitions import DAILY
 
-from . import (
+from .support import (
     PARTITION_COLUMN,
     ROWS,
     TABLES,

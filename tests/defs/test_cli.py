@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from . import REPO, VENV_BIN, Pipeline, fingerprints, rows_per_day
+from .support import REPO, VENV_BIN, Pipeline, fingerprints, rows_per_day
 
 pytestmark = pytest.mark.slow
 

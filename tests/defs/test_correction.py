@@ -4,7 +4,7 @@ from decimal import Decimal
 
 from idem_assets import landing
 
-from . import ROWS, Pipeline, d, day_fingerprints, materialized, metadata
+from .support import ROWS, Pipeline, d, day_fingerprints, materialized, metadata
 
 DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
 DAY = "2026-01-02"

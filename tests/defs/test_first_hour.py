@@ -14,7 +14,7 @@ from idem_assets.defs.partitions import DAILY, WAREHOUSE_POOL, WAREHOUSE_POOL_RE
 from idem_assets.defs.pools import ensure_warehouse_pool
 from idem_assets.defs.resources import LandingZone
 
-from . import REPO, build_defs, run_dev_data
+from .support import REPO, build_defs, run_dev_data
 
 LOCATION = "idem_assets"
 #: The UI plots the metadata of the last 120 partitions, counted back from now.

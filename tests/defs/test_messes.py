@@ -10,7 +10,7 @@ import pytest
 
 from idem_assets import landing
 
-from . import (
+from .support import (
     ROWS,
     Pipeline,
     check_evaluations,

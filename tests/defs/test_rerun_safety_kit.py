@@ -13,7 +13,7 @@ from idem_assets.defs.partitions import DAILY
 from idem_assets.defs.resources import LandingZone
 from idem_assets.testing import PROPERTIES, assert_rerun_safe
 
-from . import ROWS, build_defs, d
+from .support import ROWS, build_defs, d
 
 FIRST, LAST = "2026-01-01", "2026-01-03"
 

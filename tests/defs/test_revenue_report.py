@@ -14,7 +14,7 @@ import idem_assets as ia
 from idem_assets import landing
 from idem_assets.defs.daily_revenue_report import EXPORT_ACTION, report_csv, report_table
 
-from . import REPO, Pipeline, d, metadata
+from .support import REPO, Pipeline, d, metadata
 
 REPORT = "revenue_report"
 FIRST, DAY, LAST = "2026-01-01", "2026-01-02", "2026-01-03"

@@ -9,7 +9,7 @@ from idem_assets import landing
 from idem_assets.defs.revenue_running_total import earlier_writers
 from idem_assets.defs.stale_totals import TOTALS_CHECK
 
-from . import Pipeline, check_evaluations, d, days
+from .support import Pipeline, check_evaluations, d, days
 
 DAYS = days("2026-01-01", "2026-01-04")
 TOTALS = ("revenue_running_total", TOTALS_CHECK)

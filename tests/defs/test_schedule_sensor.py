@@ -12,7 +12,7 @@ from idem_assets import landing
 from idem_assets.defs.resources import LandingZone
 from idem_assets.defs.sensors import late_file_requests, run_key_for
 
-from . import RANGE_END, RANGE_START, Pipeline, d, days, failure_text, materialized
+from .support import RANGE_END, RANGE_START, Pipeline, d, days, failure_text, materialized
 
 SHA_TAG = "idem_assets/landing_sha256"
 RUNNING_TOTAL = dg.AssetKey("revenue_running_total")

@@ -21,9 +21,9 @@ from idem_assets.defs.warehouse import (
     warehouse_slots,
 )
 from idem_assets.lib.backends.postgres.backend import PostgresLocation
-from tests.helpers import readme_bash
+from tests.helpers import doc_bash
 
-from . import (
+from .support import (
     REPO,
     ROWS,
     VENV_BIN,
@@ -60,10 +60,10 @@ def run_the_chain_and_check_it(pipeline: Pipeline, overwrite: ia.IdempotentIOMan
     }
 
 
-def run_readme_switch(
-    heading: str, tmp_path: Path, env: dict[str, str]
+def run_documented_switch(
+    doc: str, heading: str, tmp_path: Path, env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
-    """The one command under ``heading``, run as printed on a fresh instance with ``env`` set."""
+    """The one command under ``heading`` of ``doc``, run as printed on a fresh instance."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
@@ -75,7 +75,7 @@ def run_readme_switch(
         **env,
     }
     full.pop(WAREHOUSE_ENV, None)
-    (command,) = readme_bash(heading)
+    (command,) = doc_bash(heading, doc)
     done = subprocess.run(
         ["bash", "-c", command], cwd=REPO, env=full, capture_output=True, text=True, timeout=300
     )
@@ -128,7 +128,7 @@ def test_the_chain_runs_on_delta_lake_by_one_setting(
     ]
 
 
-def test_the_readme_switch_runs_as_printed(
+def test_the_documented_postgres_switch_runs_as_printed(
     postgres_location: PostgresLocation, make_pipeline: MakePipeline, tmp_path: Path
 ) -> None:
     pipeline = make_pipeline()
@@ -141,7 +141,9 @@ def test_the_readme_switch_runs_as_printed(
         "IDEM_PG_PASSWORD": str(postgres_location.password),
     }
 
-    done = run_readme_switch("### The warehouse on PostgreSQL, by one setting", tmp_path, login)
+    done = run_documented_switch(
+        "docs/postgres.md", "## The code location on PostgreSQL", tmp_path, login
+    )
 
     assert str(postgres_location.password) not in done.stdout + done.stderr
     assert not pipeline.database.exists()
@@ -160,15 +162,18 @@ def test_the_readme_switch_runs_as_printed(
     assert list(totals) == [DAYS[0]]
 
 
-def test_the_readme_delta_switch_runs_as_printed(
+def test_the_documented_delta_switch_runs_as_printed(
     make_pipeline: MakePipeline, tmp_path: Path
 ) -> None:
     pipeline = make_pipeline()
     pipeline.generate(DAYS[0])
     lake = tmp_path / "lake"
 
-    run_readme_switch(
-        "### The warehouse on Delta Lake, by one setting", tmp_path, {DELTA_ROOT: str(lake)}
+    run_documented_switch(
+        "docs/delta.md",
+        "## The code location on Delta Lake",
+        tmp_path,
+        {DELTA_ROOT: str(lake)},
     )
 
     assert not pipeline.database.exists()

@@ -20,7 +20,7 @@ from idem_assets.defs.warehouse import ENGINES, PG_HOST, PG_PASSWORD, PG_PORT, p
 from idem_assets.landing.layout import LANDING_DIR_ENV
 from tests.postgres_server import PostgresServer
 
-from . import (
+from .support import (
     DEPLOY,
     INTERPOLATED,
     REPO_ROOT,

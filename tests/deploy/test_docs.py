@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from . import REPO_ROOT
+from .support import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "deploy.md"
 BLOCK = re.compile(r"^```([^\n]*)\n(.*?)\n```$", re.MULTILINE | re.DOTALL)

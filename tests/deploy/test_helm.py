@@ -21,7 +21,7 @@ from jsonschema.exceptions import best_match
 from idem_assets.defs.warehouse import ENGINES, PG_PASSWORD, engine, warehouse_slots
 from idem_assets.landing.layout import LANDING_DIR_ENV
 
-from . import DEPLOY, WAREHOUSE_VARIABLES, inline_secrets, load_yaml
+from .support import DEPLOY, WAREHOUSE_VARIABLES, inline_secrets, load_yaml
 
 SCHEMA = DEPLOY / "helm" / "schema" / "values.schema.json"
 NOT_VENDORED = {"$comment": "not vendored"}

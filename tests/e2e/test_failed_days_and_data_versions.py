@@ -19,9 +19,9 @@ from typing import Any
 import dagster as dg
 import duckdb
 import pytest
-from lib import check_statuses
 
 from idem_assets import landing
+from tests.lib.support import check_statuses
 
 from .content_location import SENSOR
 from .dagster_services import (

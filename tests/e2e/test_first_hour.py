@@ -1,7 +1,8 @@
-"""The README's commands, verbatim, against a fresh instance started as `make dev` starts it.
+"""The commands docs/code-location.md and docs/backfills.md print, verbatim, on a fresh instance.
 
-The daemon and webserver load workspace.yaml with the repository's dagster.yaml unchanged, on a
-DAGSTER_HOME where nobody has set the warehouse pool: what a new user has after `make dev`.
+The instance is started as `make dev` starts it: the daemon and webserver load workspace.yaml
+with the repository's dagster.yaml unchanged, on a DAGSTER_HOME where nobody has set the
+warehouse pool: what a new user has after `make dev`.
 """
 
 import re
@@ -56,7 +57,7 @@ def services(tmp_path: Path, landing_dir: Path) -> Iterator[DagsterServices]:
     assert services.leftover_processes() == []
 
 
-def test_readme_commands_run_verbatim_and_their_runs_succeed_one_at_a_time(
+def test_documented_commands_run_verbatim_and_their_runs_succeed_one_at_a_time(
     services: DagsterServices, landing_dir: Path, tmp_path: Path
 ) -> None:
     assert services.location_name == "idem_assets"
@@ -92,8 +93,8 @@ def test_readme_commands_run_verbatim_and_their_runs_succeed_one_at_a_time(
     assert reconcile(loaded, manifest_counts(landing_dir)).passed
     assert totals == dict.fromkeys(BACKFILL_DAYS, 1)
 
-    # What the README warns about: under the module's name the backfill reads Completed, while
-    # its run never started, because the daemon has no location called idem_assets.definitions.
+    # What docs/backfills.md warns about: under the module's name the backfill reads Completed,
+    # while its run never started: the daemon has no location called idem_assets.definitions.
     done = services.run_shell(
         "dagster job backfill -m idem_assets.definitions -j taxi_daily"
         " --partitions 2026-01-05 --noprompt"

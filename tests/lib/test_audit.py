@@ -14,7 +14,7 @@ import pytest
 import idem_assets as ia
 from idem_assets.lib.dagster_layer.check_reports import split_by_partition
 
-from . import (
+from .support import (
     DAILY,
     DAYS,
     check_statuses,

@@ -11,7 +11,7 @@ import pytest
 
 from idem_assets.lib.dagster_layer.frames import to_arrow
 
-from . import DAYS, count, partition_fingerprints, publish, settings, trips
+from .support import DAYS, count, partition_fingerprints, publish, settings, trips
 
 STAGES = ["guards_passed", "deleted", "inserted", "before_commit"]
 MODES = {

@@ -12,7 +12,7 @@ from dagster._utils.test.data_versions import get_stale_status_resolver
 
 import idem_assets as ia
 
-from . import DAILY, DAYS, fingerprint, read, resources, run, trips_between
+from .support import DAILY, DAYS, fingerprint, read, resources, run, trips_between
 
 DAY = "2026-01-02"
 VERSION_TAG = "dagster/data_version"

@@ -20,7 +20,7 @@ import pytest
 import idem_assets as ia
 from tests.helpers import range_tags
 
-from . import (
+from .support import (
     MERGE_MD,
     OVERWRITE_MD,
     batch_asset,

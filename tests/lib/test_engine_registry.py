@@ -85,3 +85,11 @@ def test_every_exported_name_is_reachable_from_the_package(name: str) -> None:
 
     assert name in idem_assets.__all__
     assert getattr(idem_assets, name) is registry.exported(name)
+
+
+def test_the_example_location_uses_the_public_surface_only() -> None:
+    package = LIB.parent
+    example = [*(package / "defs").rglob("*.py"), *(package / "landing").rglob("*.py")]
+    example += [package / "demo.py", package / "worked_example.py", package / "definitions.py"]
+    reaching_in = [str(p) for p in example if re.search(r"idem_assets\.lib\b", p.read_text())]
+    assert reaching_in == []

@@ -15,7 +15,7 @@ import pytest
 import idem_assets as ia
 from idem_assets.lib.model.identifiers import validate_identifier
 
-from . import (
+from .support import (
     DAILY,
     DAYS,
     NOW,

@@ -10,7 +10,7 @@ import pytest
 import idem_assets as ia
 from tests.helpers import range_tags
 
-from . import DAILY, DAYS, read, resources, rows, trips
+from .support import DAILY, DAYS, read, resources, rows, trips
 
 UP: dict[str, Any] = {"partition_expr": "pickup_at"}
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import idem_assets as ia
 
-from . import (
+from .support import (
     DAILY,
     DAYS,
     count,

@@ -12,7 +12,7 @@ import pytest
 import idem_assets as ia
 from idem_assets.lib.dagster_layer.frames import to_arrow
 
-from . import DAYS, NOW, count, fingerprint, publish, rows, settings, trips
+from .support import DAYS, NOW, count, fingerprint, publish, rows, settings, trips
 
 NO_KEY = {"partition_expr": "pickup_at"}
 

@@ -6,7 +6,7 @@ import pytest
 
 import idem_assets as ia
 
-from . import (
+from .support import (
     DAYS,
     ROWS_PER_DAY,
     count,

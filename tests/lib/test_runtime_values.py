@@ -16,7 +16,18 @@ import pytest
 import idem_assets as ia
 from idem_assets.lib.write.runtime_values import check_runtime_values
 
-from . import DAYS, NOW, TRIPS_METADATA, fingerprint, read, rows, run, trips, trips_asset, window
+from .support import (
+    DAYS,
+    NOW,
+    TRIPS_METADATA,
+    fingerprint,
+    read,
+    rows,
+    run,
+    trips,
+    trips_asset,
+    window,
+)
 
 DAY = DAYS[1]
 

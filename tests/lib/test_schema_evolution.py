@@ -20,7 +20,7 @@ import idem_assets as ia
 from idem_assets.lib.write.publish import STAGE_HOOK
 from tests.helpers import NOW, settings, window
 
-from . import (
+from .support import (
     MERGE_MD,
     OVERWRITE_MD,
     batch_asset,

@@ -21,7 +21,7 @@ from idem_assets.lib.write.schema_fit import (
 )
 from tests.helpers import settings
 
-from . import publish
+from .support import publish
 
 #: Partitioned by pickup_at, with no key: the batches below need no more columns.
 BY_PICKUP = settings(metadata={"partition_expr": "pickup_at"})

@@ -54,7 +54,9 @@ def test_delete_window_text_in_every_dialect() -> None:
     )
     # Spark binds by name: spark.sql(text, args={"p1": ..., "p2": ...}).
     spark = batch_sql.delete_window(TARGET, region, dialect="spark")
-    assert spark.sql == "DELETE FROM `main`.`trips` WHERE (`pickup_at` >= :p1 AND `pickup_at` < :p2)"
+    assert (
+        spark.sql == "DELETE FROM `main`.`trips` WHERE (`pickup_at` >= :p1 AND `pickup_at` < :p2)"
+    )
     assert batch_sql.bind(spark.params, "spark") == {"p1": DAY[0], "p2": DAY[1]}
 
 
@@ -82,7 +84,10 @@ def test_dedupe_breaks_ties_on_every_other_column_in_name_order() -> None:
     )
     names = ["id", "salary", "updated_at", "name"]
     # NULLs sort last in every dialect: spelt out where the dialect's default differs.
-    assert batch_sql.dedupe("staged", ["id"], ["updated_at"], names) == (ranked.format("", "", ""), [])
+    assert batch_sql.dedupe("staged", ["id"], ["updated_at"], names) == (
+        ranked.format("", "", ""),
+        [],
+    )
     assert batch_sql.dedupe("staged", ["id"], ["updated_at"], names, dialect="postgres").sql == (
         ranked.format(" NULLS LAST", "", "")
     )

@@ -11,7 +11,7 @@ import pytest
 
 import idem_assets as ia
 
-from . import read, run
+from .support import read, run
 
 NEW_YORK = ZoneInfo("America/New_York")
 HOURLY_NY = dg.HourlyPartitionsDefinition(

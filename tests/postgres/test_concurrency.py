@@ -20,7 +20,7 @@ import idem_assets as ia
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from tests.helpers import NOW, TRIPS_METADATA, settings, window
 from tests.postgres.workers import publish_held
-from tests.reliability import day_batch, days, range_batch
+from tests.reliability.support import day_batch, days, range_batch
 from tests.reliability.workers import context, write_batch
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""What the README and docs/postgres.md print for PostgreSQL, run as printed on a real server."""
+"""What docs/postgres.md prints for PostgreSQL, run as printed on a real server."""
 
 import re
 from pathlib import Path
@@ -9,11 +9,13 @@ import pytest
 
 import idem_assets as ia
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
-from tests.helpers import NOW, readme_python, settings, window
-from tests.reliability import day_batch
+from tests.helpers import NOW, doc_python, settings, window
+from tests.reliability.support import day_batch
+
+DOC = "docs/postgres.md"
 
 
-def test_the_readme_postgres_example_runs_as_printed(
+def test_the_postgres_example_runs_as_printed(
     postgres_location: PostgresLocation, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loc = postgres_location
@@ -22,7 +24,8 @@ def test_the_readme_postgres_example_runs_as_printed(
     )
     monkeypatch.setenv("PGPASSWORD", str(loc.password))
     namespace: dict[str, Any] = {}
-    exec(compile(readme_python("### On PostgreSQL"), "README.md", "exec"), namespace)
+    code = doc_python("### An asset on PostgreSQL", doc=DOC)
+    exec(compile(code, DOC, "exec"), namespace)
     defs: dg.Definitions = namespace["defs"]
     job = defs.resolve_implicit_global_asset_job_def()
     for _run in range(2):

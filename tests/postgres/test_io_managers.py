@@ -12,11 +12,15 @@ import pytest
 from postgres_server import PostgresServer
 
 import idem_assets as ia
-from idem_assets.lib.backends.postgres import sql
-from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
+from idem_assets.lib.backends.postgres.backend import (
+    PostgresBackend,
+    PostgresConnectionError,
+    PostgresLocation,
+)
 from idem_assets.lib.model.windows import Condition
+from idem_assets.lib.sql import statements
 from tests.helpers import DAILY, NOW, TRIPS_METADATA, settings, window
-from tests.reliability import day_batch
+from tests.reliability.support import day_batch
 
 PASSWORD_ENV = "IDEM_PG_IO_PASSWORD"
 DAY, NEXT = "2026-01-01", "2026-01-02"
@@ -84,7 +88,7 @@ def test_a_password_in_the_url_is_never_shown_either(postgres_location: Postgres
         f"{postgres_location.database}"
     )
     location = PostgresLocation.from_url(url)
-    with pytest.raises(ia.lib.backends.postgres.PostgresConnectionError) as raised:
+    with pytest.raises(PostgresConnectionError) as raised:
         with PostgresBackend.connect(location):
             pass
     assert wrong not in str(raised.value) and wrong not in repr(location)
@@ -215,9 +219,11 @@ def test_load_reads_only_the_window_as_pandas(
 def test_load_pushes_the_half_open_window_down() -> None:
     start, end = datetime(2026, 1, 1), datetime(2026, 1, 2)
     region = ((Condition("pickup_at", spans=((start, end),)),),)
-    query, params = sql.select_window('"main"."trips"', ["pickup_at"], region, False)
+    query, params = statements.select_window(
+        ("main", "trips"), None, region, ["pickup_at"], dialect="postgres"
+    )
     assert query == (
-        'SELECT * FROM "main"."trips" WHERE (("pickup_at" >= $1 AND "pickup_at" < $2))'
+        'SELECT * FROM "main"."trips" WHERE ("pickup_at" >= $1 AND "pickup_at" < $2)'
         ' ORDER BY "pickup_at"'
     )
     assert params == [start, end]

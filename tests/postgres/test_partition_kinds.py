@@ -11,6 +11,7 @@ import idem_assets as ia
 from idem_assets.lib.backends.postgres import sql
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from idem_assets.lib.model.windows import region_for
+from idem_assets.lib.sql import statements
 from tests.conformance.test_partition_kinds import (
     BY_DAY_AND_REGION,
     DAYS,
@@ -126,12 +127,14 @@ def test_a_multi_window_is_pushed_down_with_every_value_bound() -> None:
     window = ia.window_from_keys(MULTI, keys, "sales")
     types = {"sold_at": pa.timestamp("us"), "region": pa.string()}
     region = region_for(window, (("date", "sold_at"), ("region", "region")), types)
-    query, params = sql.select_window('"main"."sales"', ["sold_at", "region"], region, False)
+    query, params = statements.select_window(
+        ("main", "sales"), None, region, ["sold_at", "region"], dialect="postgres"
+    )
     # Not a product of its days and regions: one box per key, so no other cell is read.
     assert query == (
         'SELECT * FROM "main"."sales" WHERE'
-        ' (((("sold_at" >= $1 AND "sold_at" < $2)) AND ("region" IN ($3)))'
-        ' OR ((("sold_at" >= $4 AND "sold_at" < $5)) AND ("region" IN ($6))))'
+        ' ((("sold_at" >= $1 AND "sold_at" < $2) AND "region" IN ($3))'
+        ' OR (("sold_at" >= $4 AND "sold_at" < $5) AND "region" IN ($6)))'
         ' ORDER BY "sold_at", "region"'
     )
     day1, day2, day3 = (datetime.fromisoformat(d) for d in DAYS)

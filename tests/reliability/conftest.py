@@ -2,7 +2,7 @@
 
 import pytest
 
-from . import FULL, REPORT, SEED
+from .support import FULL, REPORT, SEED
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

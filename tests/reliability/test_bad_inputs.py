@@ -34,7 +34,7 @@ from idem_assets.defs.trips import trips
 from idem_assets.lib.dagster_layer.frames import to_arrow
 from tests.helpers import range_tags
 
-from . import DAILY, NOW, database_fingerprint
+from .support import DAILY, NOW, database_fingerprint
 
 DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
 DAY = "2026-01-02"

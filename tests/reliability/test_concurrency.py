@@ -19,7 +19,7 @@ import pytest
 
 import idem_assets as ia
 
-from . import (
+from .support import (
     NOW,
     REPORT,
     count,

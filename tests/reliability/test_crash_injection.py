@@ -25,7 +25,7 @@ import pytest
 
 import idem_assets as ia
 
-from . import (
+from .support import (
     METADATA,
     NOW,
     REPORT,

@@ -19,7 +19,17 @@ from hypothesis import strategies as st
 
 import idem_assets as ia
 
-from . import NOW, PARTITION, count, day_batch, days, partition_fingerprints, rows, settings, window
+from .support import (
+    NOW,
+    PARTITION,
+    count,
+    day_batch,
+    days,
+    partition_fingerprints,
+    rows,
+    settings,
+    window,
+)
 
 DAYS = days("2026-01-01", 5)
 ROWS_PER_DAY = 8

@@ -15,7 +15,7 @@ import duckdb
 
 import idem_assets as ia
 
-from . import METADATA, NOW, REPORT, SEED, count, days, range_batch, settings, window
+from .support import METADATA, NOW, REPORT, SEED, count, days, range_batch, settings, window
 
 DAYS = days("2026-01-01", 20)
 ROWS_PER_DAY = 2_000

@@ -17,7 +17,7 @@ import pyarrow as pa
 import idem_assets as ia
 from idem_assets.lib.backends.duckdb.backend import table_columns
 
-from . import NOW, settings, window
+from .support import NOW, settings, window
 
 _CONTEXT: Any = None
 

@@ -104,7 +104,7 @@ def stage(
         query, params = batch_sql.dedupe(
             _STAGED_NAME, primary_key, dedupe_order_by, table.column_names
         )
-        return con.execute(query, params).to_arrow_table()
+        return con.sql(query, params=params or None).to_arrow_table()
     finally:
         con.close()
 

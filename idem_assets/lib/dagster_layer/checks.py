@@ -51,7 +51,8 @@ class SampleScope:
         order = f" ORDER BY {order_by}" if order_by else ""
         return sample_records(
             self.con,
-            f"SELECT * FROM {quote(self.relation)} WHERE {condition}{order} LIMIT {int(self.limit)}",
+            f"SELECT * FROM {quote(self.relation)} WHERE {condition}{order}"
+            f" LIMIT {int(self.limit)}",
         )
 
 
@@ -81,7 +82,7 @@ class Check:
         """The Dagster check spec, partitioned like its asset so each day gets its own verdict.
 
         Blocking checks stop downstream assets when they fail. ``partitions_def`` on a check is
-        a Dagster preview API; README, "Dagster APIs in preview", names the fallback.
+        a Dagster preview API; docs/preview-apis.md names the fallback.
         """
         return dg.AssetCheckSpec(
             name=self.name,

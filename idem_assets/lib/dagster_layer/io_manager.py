@@ -1,16 +1,16 @@
 """Dagster IO managers that make a rerun replace a partition instead of adding to it.
 
 :class:`IdempotentIOManager` is the Dagster plumbing (settings, windows, metadata, the
-missing-upstream check) over any :class:`~idem_assets.lib.backends.protocol.Backend`; an engine's
-IO managers only say how to open its backend.
+missing-upstream check) over any :class:`~idem_assets.lib.write.seam.Backend`; an engine's IO
+managers only say how to open its backend (and, for the rerun-safety kit, how to move it).
 """
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Self
 
 import dagster as dg
-import pandas as pd
 import pyarrow as pa
 from pydantic import Field
 
@@ -58,6 +58,24 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch:
         """What the asset returned as the publish takes it: Arrow, or a frame of the engine's."""
         return to_arrow(obj, asset)
+
+    def relocated(self, directory: Path) -> Self | None:
+        """This IO manager with its tables under ``directory``; ``None`` if they cannot move.
+
+        The rerun-safety kit gives each trial a fresh store this way. An engine whose tables
+        live on a server cannot be moved into a directory, so it says ``None``.
+        """
+        return None
+
+    def _replaced(self, **fields: Any) -> Self:
+        """A copy with ``fields`` changed (model_copy would keep Dagster's stored config)."""
+        config = {
+            (info.alias or name): getattr(self, name)
+            for name, info in type(self).model_fields.items()
+        }
+        for name, value in fields.items():
+            config[type(self).model_fields[name].alias or name] = value
+        return type(self)(**config)
 
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
@@ -111,7 +129,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
                 if maps_to_nothing or _reads_itself(context):
-                    return from_arrow(pa.table({}), frame_type) if want_arrow else pd.DataFrame()
+                    return from_arrow(pa.table({}), frame_type) if want_arrow else _no_rows()
                 raise dg.Failure(
                     f"Asset '{settings.asset}' has no table {settings.schema}.{settings.table} in"
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
@@ -256,3 +274,10 @@ def partition_metadata(part: PartitionResult, window: PartitionWindow) -> dict[s
         "partitions_written": 1,
         "window": _window_text(WriteWindow((window,))),
     }
+
+
+def _no_rows() -> Any:
+    """An empty pandas DataFrame; pandas is imported only by an input that asks for one."""
+    import pandas as pd
+
+    return pd.DataFrame()

@@ -41,7 +41,7 @@ class Params:
         """Start at ``$1``."""
         self.values: list[Any] = []
 
-    def add(self, value: Any) -> exp.Expression:
+    def add(self, value: Any) -> exp.Expr:
         """A placeholder bound to ``value``."""
         self.values.append(value)
         return exp.Placeholder(this=str(len(self.values)))
@@ -58,7 +58,7 @@ def column(name: str, alias: str | None = None) -> exp.Column:
     return exp.column(name, table=alias, quoted=True)
 
 
-def condition(cond: Condition, params: Params, alias: str | None = None) -> exp.Expression:
+def condition(cond: Condition, params: Params, alias: str | None = None) -> exp.Expr:
     """One partition column inside any of its spans, or among its values."""
     c = column(cond.column, alias)
     if cond.spans:
@@ -73,13 +73,13 @@ def condition(cond: Condition, params: Params, alias: str | None = None) -> exp.
     return exp.In(this=c, expressions=[params.add(v) for v in cond.values])
 
 
-def box(b: Box, params: Params, alias: str | None = None) -> exp.Expression:
+def box(b: Box, params: Params, alias: str | None = None) -> exp.Expr:
     """Rows meeting every condition of a box."""
     parts = [condition(cond, params, alias) for cond in b]
     return parts[0] if len(parts) == 1 else exp.paren(exp.and_(*parts))
 
 
-def region(r: Region, params: Params, alias: str | None = None) -> exp.Expression:
+def region(r: Region, params: Params, alias: str | None = None) -> exp.Expr:
     """Rows in any box of a region; an empty region holds every row (``TRUE``)."""
     if not r:
         return exp.true()
@@ -99,10 +99,10 @@ def values(r: Region) -> list[Any]:
     return found
 
 
-def render(tree: exp.Expression, dialect: str) -> str:
+def render(tree: exp.Expr, dialect: str) -> str:
     """``tree`` in ``dialect``, its placeholders spelt as that dialect's driver binds them."""
 
-    def placeholder(node: exp.Expression) -> exp.Expression:
+    def placeholder(node: exp.Expr) -> exp.Expr:
         if not isinstance(node, exp.Placeholder):
             return node
         if dialect in NAMED:
@@ -121,14 +121,14 @@ def bind(params: Sequence[Any], dialect: str) -> list[Any] | dict[str, Any]:
     return list(params)
 
 
-def inline(tree: exp.Expression, params: Sequence[Any], literal: Callable[[Any], str]) -> str:
+def inline(tree: exp.Expr, params: Sequence[Any], literal: Callable[[Any], str]) -> str:
     """``tree`` as text with each placeholder replaced by ``literal(value)``, for text predicates.
 
     ``literal`` must return an expression that can neither end the literal nor change the
     statement (Delta Lake's typed ``arrow_cast`` literals, quotes doubled).
     """
 
-    def replace(node: exp.Expression) -> exp.Expression:
+    def replace(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Placeholder):
             return exp.maybe_parse(literal(params[int(node.name) - 1]), dialect="postgres")
         return node
@@ -186,7 +186,8 @@ def arrow_expression(r: Region, types: dict[str, pa.DataType] | None = None) -> 
                 ]
                 conds.append(_any(spans))
             else:
-                conds.append(field.isin(list(cond.values)))
+                kind = (types or {}).get(cond.column)
+                conds.append(field.isin(pa.array(list(cond.values), type=kind)))
         boxes.append(_all(conds))
     return _any(boxes)
 

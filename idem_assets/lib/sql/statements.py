@@ -81,7 +81,7 @@ def _slot(value: Any, found: list[Any]) -> int:
 
 def statement(
     *, windows: Sequence[str] = (), relations: Sequence[str] = (), values: Sequence[str] = ()
-) -> Callable[[Callable[..., exp.Expression]], Callable[..., Statement]]:
+) -> Callable[[Callable[..., exp.Expr]], Callable[..., Statement]]:
     """Make a tree builder a cached statement.
 
     The builder takes a :class:`Params` first and the statement's arguments after; ``windows``
@@ -91,7 +91,7 @@ def statement(
     dialect; the values are bound in the order the builder numbered them.
     """
 
-    def wrap(build: Callable[..., exp.Expression]) -> Callable[..., Statement]:
+    def wrap(build: Callable[..., exp.Expr]) -> Callable[..., Statement]:
         signature = inspect.signature(build)
 
         @lru_cache(maxsize=1024)
@@ -135,27 +135,27 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def _where(tree: exp.Select, condition: exp.Expression | None) -> exp.Select:
+def _where(tree: exp.Select, condition: exp.Expr | None) -> exp.Select:
     return tree.where(condition) if condition is not None else tree
 
 
-def _count_if(condition: exp.Expression) -> exp.Expression:
+def _count_if(condition: exp.Expr) -> exp.Expr:
     return exp.Filter(this=exp.Count(this=exp.Star()), expression=exp.Where(this=condition))
 
 
-def _any_null(cols: Sequence[exp.Expression]) -> exp.Expression:
+def _any_null(cols: Sequence[exp.Expr]) -> exp.Expr:
     return exp.or_(*[exp.Is(this=c.copy(), expression=exp.Null()) for c in cols])
 
 
-def _none_null(cols: Sequence[exp.Expression]) -> exp.Expression:
+def _none_null(cols: Sequence[exp.Expr]) -> exp.Expr:
     return exp.and_(*[exp.not_(exp.Is(this=c.copy(), expression=exp.Null())) for c in cols])
 
 
-def _region(params: Params, region: Region, alias: str | None = None) -> exp.Expression:
+def _region(params: Params, region: Region, alias: str | None = None) -> exp.Expr:
     return predicates.region(region, params, alias)
 
 
-def _key_tuple(cols: Sequence[exp.Expression]) -> exp.Expression:
+def _key_tuple(cols: Sequence[exp.Expr]) -> exp.Expr:
     return cols[0] if len(cols) == 1 else exp.Tuple(expressions=list(cols))
 
 
@@ -170,7 +170,7 @@ def batch_profile(
     region: Region,
     key: Sequence[str],
     count_duplicates: bool = True,
-) -> exp.Expression:
+) -> exp.Expr:
     """One scan of the batch: rows, NULL partition values, stray rows, NULL keys, duplicates.
 
     Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
@@ -196,7 +196,7 @@ def batch_profile(
     ).from_(relation(source))
 
 
-def _struct(cols: Sequence[exp.Expression]) -> exp.Expression:
+def _struct(cols: Sequence[exp.Expr]) -> exp.Expr:
     """One value for a key of several columns (``row(a, b)``), the column itself for one."""
     if len(cols) == 1:
         return cols[0]
@@ -206,7 +206,7 @@ def _struct(cols: Sequence[exp.Expression]) -> exp.Expression:
 @statement(windows=("region",), relations=("source",))
 def stray_rows_sample(
     params: Params, source: Rel, partition_columns: Sequence[str], region: Region, limit: int = 5
-) -> exp.Expression:
+) -> exp.Expr:
     """A few rows outside the window (a NULL partition value is not stray), in column order."""
     pcs = columns(partition_columns)
     return (
@@ -219,9 +219,7 @@ def stray_rows_sample(
 
 
 @statement(relations=("source",))
-def null_sample(
-    params: Params, source: Rel, names: Sequence[str], limit: int = 5
-) -> exp.Expression:
+def null_sample(params: Params, source: Rel, names: Sequence[str], limit: int = 5) -> exp.Expr:
     """A few rows with NULL in any of ``names``."""
     return exp.select("*").from_(relation(source)).where(_any_null(columns(names))).limit(limit)
 
@@ -229,7 +227,7 @@ def null_sample(
 @statement(relations=("source",))
 def duplicate_key_sample(
     params: Params, source: Rel, key: Sequence[str], limit: int = 5
-) -> exp.Expression:
+) -> exp.Expr:
     """Rows of the first few duplicated keys, grouped together."""
     kc = columns(key)
     dupes = (
@@ -249,7 +247,7 @@ def duplicate_key_sample(
     )
 
 
-def _partition_case(params: Params, cells: Sequence[Cell], alias: str | None) -> exp.Expression:
+def _partition_case(params: Params, cells: Sequence[Cell], alias: str | None) -> exp.Expr:
     """A CASE naming the partition each row falls in (NULL outside them all)."""
     case = exp.Case()
     for key, b in cells:
@@ -261,14 +259,14 @@ def _partition_case(params: Params, cells: Sequence[Cell], alias: str | None) ->
 @statement(windows=("cells",), relations=("source",), values=("outside",))
 def rows_by_partition(
     params: Params, source: Rel, cells: Sequence[Cell], key: str, outside: str
-) -> exp.Expression:
+) -> exp.Expr:
     """Every row of ``source`` with a column ``key`` naming its partition (``outside`` if none)."""
     case = exp.func("coalesce", _partition_case(params, cells, None), params.add(outside))
     return exp.select(exp.Star(), exp.alias_(case, key, quoted=True)).from_(relation(source))
 
 
 @statement(windows=("cells",), relations=("source",))
-def count_by_partition(params: Params, source: Rel, cells: Sequence[Cell]) -> exp.Expression:
+def count_by_partition(params: Params, source: Rel, cells: Sequence[Cell]) -> exp.Expr:
     """Rows of ``source`` in each partition: rows of ``(key, count)``, empty ones absent."""
     case = _partition_case(params, cells, None)
     inside = _region(params, tuple(b for _, b in cells))
@@ -287,7 +285,7 @@ def dedupe(
     key: Sequence[str],
     order_by: Sequence[str],
     names: Sequence[str],
-) -> exp.Expression:
+) -> exp.Expr:
     """Keep one row per key: the greatest ``order_by`` wins.
 
     Ties on ``order_by`` are broken by every remaining column, so the winner never depends on
@@ -324,14 +322,14 @@ def window_predicate(
 
 
 @statement(windows=("cond",))
-def _condition(params: Params, cond: Condition, alias: str | None) -> exp.Expression:
+def _condition(params: Params, cond: Condition, alias: str | None) -> exp.Expr:
     return predicates.condition(cond, params, alias)
 
 
 # Fingerprints ----------------------------------------------------------------------------------
 
 
-def _row_hash(names: Sequence[str]) -> exp.Expression:
+def _row_hash(names: Sequence[str]) -> exp.Expr:
     """The sum of the rows' hashes, as a 128-bit integer (DuckDB's ``hash`` of every column)."""
     # Sorted, so a table's column order does not change its fingerprint.
     hashed = exp.Anonymous(this="hash", expressions=columns(sorted(names)))
@@ -340,9 +338,7 @@ def _row_hash(names: Sequence[str]) -> exp.Expression:
 
 
 @statement(windows=("region",), relations=("target",))
-def fingerprint(
-    params: Params, target: Rel, names: Sequence[str], region: Region = ()
-) -> exp.Expression:
+def fingerprint(params: Params, target: Rel, names: Sequence[str], region: Region = ()) -> exp.Expr:
     """An order-independent fingerprint of the rows: their count and the sum of row hashes.
 
     A sum (not an XOR) is used so that a doubled row changes the fingerprint.
@@ -354,7 +350,7 @@ def fingerprint(
 @statement(windows=("cells",), relations=("target",))
 def partition_fingerprints(
     params: Params, target: Rel, names: Sequence[str], cells: Sequence[Cell]
-) -> exp.Expression:
+) -> exp.Expr:
     """Per-partition count and hash sum in one scan: rows of ``(key, count, hash_sum)``."""
     case = _partition_case(params, cells, None)
     inside = _region(params, tuple(b for _, b in cells))
@@ -374,27 +370,27 @@ def partition_fingerprints(
 
 
 @statement(windows=("region",), relations=("target",))
-def count_window(params: Params, target: Rel, region: Region) -> exp.Expression:
+def count_window(params: Params, target: Rel, region: Region) -> exp.Expr:
     """Rows currently in the window (the whole table when unpartitioned)."""
     tree = exp.select(exp.Count(this=exp.Star())).from_(relation(target))
     return _where(tree, _region(params, region) if region else None)
 
 
 @statement(windows=("region",), relations=("target",))
-def delete_window(params: Params, target: Rel, region: Region) -> exp.Expression:
+def delete_window(params: Params, target: Rel, region: Region) -> exp.Expr:
     """Delete the window's rows (the overwrite's first half; never touches other partitions)."""
     return exp.delete(relation(target), where=_region(params, region))
 
 
 @statement(relations=("target",))
-def delete_all(params: Params, target: Rel) -> exp.Expression:
+def delete_all(params: Params, target: Rel) -> exp.Expr:
     """Delete every row: the scope of an unpartitioned asset is its whole table."""
     return exp.delete(relation(target))
 
 
 def _key_in(
     params: Params, keys: Rel, key: Sequence[str], ranges: Sequence[tuple[Any, Any]]
-) -> exp.Expression:
+) -> exp.Expr:
     """Rows of ``t`` whose key ``keys`` holds, first narrowed to each key column's range.
 
     The range costs a comparison per row and spares the probe for every row outside it: keys
@@ -414,7 +410,7 @@ def _key_in(
     return exp.and_(*narrow, hit) if narrow else hit
 
 
-def _target(target: Rel) -> exp.Table:
+def _target(target: Rel) -> exp.Expr:
     return relation(target).as_("t", quoted=False)
 
 
@@ -425,7 +421,7 @@ def delete_matching_keys(
     keys: Rel,
     key: Sequence[str],
     ranges: Sequence[tuple[Any, Any]] = (),
-) -> exp.Expression:
+) -> exp.Expr:
     """Delete target rows whose key ``keys`` holds (the upsert's update half)."""
     return exp.delete(_target(target), where=_key_in(params, keys, key, _pairs(ranges)))
 
@@ -443,7 +439,7 @@ def merge_counts(
     key: Sequence[str],
     region: Region,
     ranges: Sequence[tuple[Any, Any]] = (),
-) -> exp.Expression:
+) -> exp.Expr:
     """Target rows whose key the batch holds: inside the window, and *outside* it.
 
     Columns returned: ``matched_in_window, matched_outside_window``.
@@ -472,7 +468,7 @@ def matched_by_partition(
     key: Sequence[str],
     cells: Sequence[Cell],
     ranges: Sequence[tuple[Any, Any]] = (),
-) -> exp.Expression:
+) -> exp.Expr:
     """Target rows whose key the batch holds, per partition: rows of ``(key, count)``.
 
     Rows outside every partition come back under the key NULL.
@@ -496,7 +492,7 @@ def keys_outside_window_sample(
     region: Region,
     ranges: Sequence[tuple[Any, Any]] = (),
     limit: int = 5,
-) -> exp.Expression:
+) -> exp.Expr:
     """Existing rows outside the window whose key the batch also holds."""
     hit = _key_in(params, keys, key, _pairs(ranges))
     return (
@@ -515,7 +511,7 @@ def select_window(
     region: Region,
     order_by: Sequence[str] = (),
     nothing: bool = False,
-) -> exp.Expression:
+) -> exp.Expr:
     """The window's rows (the whole table without one), in ``order_by`` order when given."""
     selected = columns(names) if names is not None else [exp.Star()]
     tree = exp.select(*selected).from_(relation(target))
@@ -536,7 +532,7 @@ def rows_without_keys(
     keys: Rel,
     key: Sequence[str],
     region: Region,
-) -> exp.Expression:
+) -> exp.Expr:
     """The window's rows whose key ``keys`` does not hold: those an upsert keeps."""
     same = exp.and_(
         *[

@@ -342,7 +342,8 @@ def refuse_removing_appended(scope: Scope, summary: Summary, engine: str) -> Non
         )
     raise ConfigurationError(
         f"Refused to write {scope.where}: table {scope.table_name} is append-only"
-        f" ({snapshot.append_only_property}), and {engine} refuses every commit that removes a file; {what}."
+        f" ({snapshot.append_only_property}), and {engine} refuses every commit that removes a"
+        f" file; {what}."
         " Nothing was changed. Fix: if the table may have rows replaced, lift the property"
         f" once: {lift}; otherwise write only new keys to it (the merge IO manager, a batch"
         " whose keys the table does not hold)."

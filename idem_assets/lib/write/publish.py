@@ -1,9 +1,9 @@
 """Publish one batch through any backend: every guard first, then one transaction.
 
-The order is the contract every engine keeps: stage the batch as it will be stored, let the
-guards (:mod:`idem_assets.lib.write.guards`) refuse anything unsafe, then replace or merge the window
-and fingerprint it, all in one transaction. It needs no Dagster context, so benchmarks and crash
-tests drive it directly.
+The order is the contract every engine keeps: stage the batch as it will be stored, let the guards
+(:mod:`idem_assets.lib.write.guards`) refuse anything unsafe, then replace or merge the window and
+fingerprint it, all in one transaction. It needs no Dagster context, so benchmarks and crash tests
+drive it directly.
 """
 
 import random

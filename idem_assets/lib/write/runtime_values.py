@@ -49,7 +49,9 @@ _RANDOM_UUID = (
 )
 _HEX32 = r"(?i)^[0-9a-f]{32}$"
 #: Bare hex, canonical, braced, and urn:uuid: spellings.
-_UUID_LENGTHS = pa.array([32, 36, 38, 45], pa.int32())
+#: Lengths of a UUID's text forms; an int tuple, as an Arrow array built at import would
+#: make pyarrow import pandas with the library.
+_UUID_LENGTHS = (32, 36, 38, 45)
 _RANDOM_HEX = r"(?i)^[0-9a-f]{12}[14][0-9a-f]{3}[89ab][0-9a-f]{15}$"
 
 
@@ -138,7 +140,7 @@ def _random_uuid(column: pa.ChunkedArray) -> str | None:
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         return None
     # Only values as long as a uuid can be one; the length test spares the regex most columns.
-    column = column.filter(pc.is_in(pc.binary_length(column), _UUID_LENGTHS))
+    column = column.filter(pc.is_in(pc.binary_length(column), pa.array(_UUID_LENGTHS, pa.int32())))
     if not len(column):
         return None
     canonical = column.filter(pc.match_substring_regex(column, _RANDOM_UUID))

@@ -17,15 +17,18 @@ protocols, its factory in ``tests/conformance/conftest.py`` and its docs page
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
-import pandas as pd
 import pyarrow as pa
 
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Cell, Region, WriteWindow
 from idem_assets.lib.sql.predicates import Statement
 from idem_assets.lib.write.schema_fit import ColumnFit, SchemaChange, TypeDialect
+
+if TYPE_CHECKING:
+    # Only the annotations name pandas: importing it costs a run worker about a second.
+    import pandas as pd
 
 #: ``(dimension, column)`` pairs, or one column name (a one-dimensional ``partition_expr``).
 PartitionColumns = Sequence[tuple[str, str]] | str | None
@@ -350,7 +353,7 @@ class Backend(Protocol):
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
-    ) -> pa.Table | pd.DataFrame | None:
+    ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows in partition order (every row without a window); ``None``: no table.
 
         ``nothing``: the table's columns and no row (a mapping to no upstream partition).

@@ -21,9 +21,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import pandas as pd
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -64,6 +63,10 @@ from idem_assets.lib.write.seam import (
     Written,
 )
 
+if TYPE_CHECKING:
+    # Only the annotations name pandas: importing it costs a run worker about a second.
+    import pandas as pd
+
 _TARGET_PREFIX = "idem-target-"
 _PRUNABLE_KEY_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "VARCHAR", "DATE"}
 
@@ -100,7 +103,7 @@ class _Table:
 class DeltaBackend:
     """Publishes to Delta tables under ``root``; use it in a ``with`` (or :meth:`close` it)."""
 
-    capabilities = CAPABILITIES
+    capabilities: ClassVar[Capabilities] = CAPABILITIES
 
     def __init__(self, root: str, storage_options: dict[str, str] | None = None) -> None:
         """Tables live at ``<root>/<schema>/<table>``; ``storage_options`` reach object storage."""
@@ -179,7 +182,7 @@ class DeltaBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
-    ) -> pa.Table | pd.DataFrame | None:
+    ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         found = self.open(self.uri(settings.schema, settings.table))
         if found is None:
@@ -380,18 +383,20 @@ class DeltaTransaction:
             conjunction += [(k, ">=", found[2 * i]), (k, "<=", found[2 * i + 1])]
         return [conjunction]
 
+    def _counted(self, scope: Scope) -> Counts:
+        """Rows of each partition of the window in the snapshot, counted by a scan."""
+        target = self._target(scope)
+        if scope.cells:
+            return dict(self.evaluator.rows(statements.count_by_partition(target, scope.cells)))
+        return {None: self.evaluator.one(statements.count_window(target, scope.region))[0]}
+
     def summarize(self, scope: Scope, final: bool = False) -> Summary:
         """Rows the window holds in the snapshot, and for a merge its keys' rows."""
         if not scope.table_exists:
             return Summary()
         ev = self.evaluator
-        existing = self._counted_from_statistics(scope)
-        if existing is None:
-            target = self._target(scope)
-            if scope.cells:
-                existing = dict(ev.rows(statements.count_by_partition(target, scope.cells)))
-            else:
-                existing = {None: ev.one(statements.count_window(target, scope.region))[0]}
+        counted = self._counted_from_statistics(scope)
+        existing = self._counted(scope) if counted is None else counted
         if scope.settings.mode != "merge":
             return Summary(existing=existing)
         snap = self._current()

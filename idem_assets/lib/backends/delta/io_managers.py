@@ -2,7 +2,8 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import ClassVar
+from pathlib import Path
+from typing import ClassVar, Self
 
 from pydantic import Field
 
@@ -39,6 +40,12 @@ class _DeltaIOManager(IdempotentIOManager):
 
     def _location(self) -> str:
         return self.root
+
+    def relocated(self, directory: Path) -> Self | None:
+        """The same folder name, in ``directory``; tables on object storage stay where they are."""
+        if "://" in self.root:
+            return None
+        return self._replaced(root=str(directory / Path(self.root).name))
 
 
 class DeltaOverwriteIOManager(_DeltaIOManager):

@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -129,14 +129,18 @@ def predicate(
     if partitioned:
         region = with_days(region, time_column)
     kinds = {**types, DAY_COLUMN: pa.date32()}
-    typed = tuple(
+    # Each value travels with its column's type, so the literal standing in for it is typed.
+    typed: Region = tuple(
         tuple(
             Condition(
                 c.column,
-                spans=tuple(
-                    (Typed(s, kinds[c.column]), Typed(e, kinds[c.column])) for s, e in c.spans
+                spans=cast(
+                    Any,
+                    tuple(
+                        (Typed(s, kinds[c.column]), Typed(e, kinds[c.column])) for s, e in c.spans
+                    ),
                 ),
-                values=tuple(Typed(v, kinds[c.column]) for v in c.values),
+                values=cast(Any, tuple(Typed(v, kinds[c.column]) for v in c.values)),
             )
             for c in box
         )

@@ -14,10 +14,9 @@ a value the rounding moves out of the window is refused with the floor that keep
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import duckdb
-import pandas as pd
 import pyarrow as pa
 
 from idem_assets.lib.backends.duckdb import sql
@@ -26,6 +25,7 @@ from idem_assets.lib.model.identifiers import qualified, quote
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import WriteWindow, stored_region
 from idem_assets.lib.sql import statements
+from idem_assets.lib.sql.predicates import Statement
 from idem_assets.lib.write.evaluator import DuckDBEvaluator
 from idem_assets.lib.write.schema_fit import ColumnFit, change_sql
 from idem_assets.lib.write.seam import (
@@ -43,6 +43,10 @@ from idem_assets.lib.write.seam import (
     WritePlan,
     Written,
 )
+
+if TYPE_CHECKING:
+    # Only the annotations name pandas: importing it costs a run worker about a second.
+    import pandas as pd
 
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
@@ -72,7 +76,7 @@ def table_columns(
 class DuckDBBackend:
     """Publishes through one open DuckDB connection; the caller owns (and closes) it."""
 
-    capabilities = CAPABILITIES
+    capabilities: ClassVar[Capabilities] = CAPABILITIES
 
     def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
         """Wrap ``conn``; nothing is read until a publish asks."""
@@ -128,7 +132,7 @@ class DuckDBBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
-    ) -> pa.Table | pd.DataFrame | None:
+    ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         cols = table_columns(self.conn, settings.schema, settings.table)
         if cols is None:
@@ -175,7 +179,9 @@ class DuckDBTransaction:
         """One catalog scan for the table's columns and the owners table."""
         s = settings
         rows = self.evaluator.rows(
-            (sql.describe(), [OWNERS_TABLE, OWNERS_SCHEMA, s.schema, s.table, *_OWNERS_NAME])
+            Statement(
+                sql.describe(), [OWNERS_TABLE, OWNERS_SCHEMA, s.schema, s.table, *_OWNERS_NAME]
+            )
         )
         self.catalog = {name: kind for own, name, kind in rows if not own}
         columns = {
@@ -184,7 +190,7 @@ class DuckDBTransaction:
         owner = None
         if any(own for own, _, _ in rows):
             found = self.evaluator.rows(
-                (
+                Statement(
                     f"SELECT asset_key FROM {OWNERS} WHERE schema_key = $1 AND table_key = $2",
                     [s.schema.lower(), s.table.lower()],
                 )

@@ -2,7 +2,8 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Self
 
 from pydantic import Field
 
@@ -30,6 +31,10 @@ class _DuckDBIOManager(IdempotentIOManager):
 
     def _location(self) -> str:
         return self.database
+
+    def relocated(self, directory: Path) -> Self:
+        """The same file name, in ``directory``."""
+        return self._replaced(database=str(directory / Path(self.database).name))
 
 
 class DuckDBOverwriteIOManager(_DuckDBIOManager):

@@ -1,8 +1,8 @@
 """DuckDB's side of the schema fit: its type names, the types a new table stores, its keywords.
 
-The decisions are :mod:`idem_assets.lib.write.schema_fit`'s, on Arrow types. DuckDB itself translates
-between its type names and Arrow's (in a private in-memory connection, once per type), so this
-module never parses a type name.
+The decisions are :mod:`idem_assets.lib.write.schema_fit`'s, on Arrow types. DuckDB itself
+translates between its type names and Arrow's (in a private in-memory connection, once per type),
+so this module never parses a type name.
 """
 
 import functools

@@ -1,12 +1,11 @@
 """The PostgreSQL backend: one transaction per publish, binary COPY of Arrow, per-partition locks.
 
-The refusals are the guards' (:mod:`idem_assets.lib.write.guards`), decided on the staged Arrow batch
-in an embedded DuckDB: nothing goes to the server before they pass, except the batch's keys for
-a merge (a temporary table the transaction drops). Writers of one window queue on
-transaction-scoped advisory locks, one per partition, taken in sorted order, so two writers of a
-partition can never double it while writers of other partitions run in parallel; readers are
-never blocked.
-Rows travel as Arrow over the ADBC driver's binary COPY.
+The refusals are the guards' (:mod:`idem_assets.lib.write.guards`), decided on the staged Arrow
+batch in an embedded DuckDB: nothing goes to the server before they pass, except the batch's keys
+for a merge (a temporary table the transaction drops). Writers of one window queue on transaction-
+scoped advisory locks, one per partition, taken in sorted order, so two writers of a partition can
+never double it while writers of other partitions run in parallel; readers are never blocked. Rows
+travel as Arrow over the ADBC driver's binary COPY.
 """
 
 import re
@@ -14,11 +13,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import adbc_driver_postgresql.dbapi as adbc
-import pandas as pd
 import pyarrow as pa
 
 from idem_assets.lib.backends.postgres import sql
@@ -53,6 +51,10 @@ from idem_assets.lib.write.seam import (
     WritePlan,
     Written,
 )
+
+if TYPE_CHECKING:
+    # Only the annotations name pandas: importing it costs a run worker about a second.
+    import pandas as pd
 
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
@@ -230,7 +232,7 @@ CAPABILITIES = Capabilities(
 class PostgresBackend:
     """Publishes through one open ADBC connection; the caller owns (and closes) it."""
 
-    capabilities = CAPABILITIES
+    capabilities: ClassVar[Capabilities] = CAPABILITIES
 
     def __init__(self, conn: adbc.Connection) -> None:
         """Wrap ``conn``; nothing is read until a publish asks."""
@@ -324,7 +326,7 @@ class PostgresBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
-    ) -> pa.Table | pd.DataFrame | None:
+    ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         cols = self._columns(settings.schema, settings.table)
         if cols is None:

@@ -1,4 +1,4 @@
-"""The README's multi-partitioned asset, run as printed: each run replaces only its keys."""
+"""The tutorial's multi-partitioned asset, run as printed: each run replaces only its keys."""
 
 from datetime import datetime
 from pathlib import Path
@@ -10,17 +10,17 @@ import pandas as pd
 import pytest
 
 import idem_assets as ia
-from tests.helpers import range_tags, readme_python
+from tests.helpers import doc_python, range_tags
 
 HEADING = "### Static, dynamic and multi-dimensional partitions"
 
 
-def test_the_readme_multi_partition_example_replaces_exactly_its_keys(
+def test_the_tutorial_multi_partition_example_replaces_exactly_its_keys(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {}
-    exec(compile(readme_python(HEADING), "README.md", "exec"), namespace)
+    exec(compile(doc_python(HEADING), "docs/tutorial.md", "exec"), namespace)
     asset, defs = namespace["borough_revenue"], namespace["defs"]
 
     def run(key: str | None = None, tags: dict[str, str] | None = None) -> None:
@@ -47,7 +47,7 @@ def test_the_readme_multi_partition_example_replaces_exactly_its_keys(
     run(tags=range_tags("Brooklyn|2026-01-02", "Brooklyn|2026-01-03"))
     assert rows() == sorted(expected)
 
-    # The README's claim: a row of another borough (or day) is refused, and nothing changes.
+    # The tutorial's claim: a row of another borough (or day) is refused, and nothing changes.
     @dg.asset(
         name="borough_revenue",
         partitions_def=namespace["day_by_borough"],

@@ -1,4 +1,4 @@
-"""The README's Delta Lake configuration, executed exactly as printed."""
+"""docs/delta.md's Delta Lake configuration, executed exactly as printed."""
 
 from pathlib import Path
 from typing import Any
@@ -10,15 +10,16 @@ from deltalake import DeltaTable
 import idem_assets as ia
 from tests.conformance.test_replace_contract import ALL_DAYS, events
 from tests.delta.test_delta_backend import daily_events, expected, stored
-from tests.helpers import readme_python
+from tests.helpers import REPO_ROOT, doc_python
 
 
-def test_the_readme_delta_configuration_runs_as_printed(
+def test_the_documented_delta_configuration_runs_as_printed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {}
-    exec(compile(readme_python("### On Delta Lake"), "README.md", "exec"), namespace)
+    code = doc_python("## The IO managers", doc="docs/delta.md")
+    exec(compile(code, "docs/delta.md", "exec"), namespace)
     resources = namespace["resources"]
     assert isinstance(resources["io_manager"], ia.DeltaOverwriteIOManager)
     assert isinstance(resources["merge_io_manager"], ia.DeltaMergeIOManager)
@@ -33,10 +34,10 @@ def test_the_readme_delta_configuration_runs_as_printed(
     assert stored(str(tmp_path / "lake"), "daily_events") == expected(events(ALL_DAYS[0]))
 
 
-def test_the_storage_options_field_recommends_nothing_the_readme_rules_out() -> None:
-    """The UI shows this description: the README says the locking provider is gone."""
-    section = Path(__file__).resolve().parents[2].joinpath("README.md").read_text()
-    section = section.split("\n### On Delta Lake\n", 1)[1].split("\n## ", 1)[0]
+def test_the_storage_options_field_recommends_nothing_the_docs_rule_out() -> None:
+    """The UI shows this description: docs/delta.md says the locking provider is gone."""
+    section = (REPO_ROOT / "docs" / "delta.md").read_text()
+    section = section.split("\n## On object storage: S3\n", 1)[1].split("\n## ", 1)[0]
     assert "locking provider (`AWS_S3_LOCKING_PROVIDER`) of delta-rs 0.x is gone" in section
     assert "Never set\n`AWS_S3_ALLOW_UNSAFE_RENAME`" in section
     for manager in (ia.DeltaOverwriteIOManager, ia.DeltaMergeIOManager):
