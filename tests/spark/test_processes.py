@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from idem_assets.lib.backends.spark.locks import DATABASE, TABLE
-from tests.reliability import REPORT, SEED, count
+from tests.reliability.support import REPORT, SEED, count
 from tests.spark.writer import DAYS, ROWS
 
 pytestmark = pytest.mark.slow
