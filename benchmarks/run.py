@@ -20,6 +20,7 @@ from types import ModuleType
 from benchmarks import (
     bench_backfill,
     bench_delta,
+    bench_iceberg,
     bench_materialize,
     bench_memory,
     bench_merge,
@@ -40,6 +41,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "memory": bench_memory,
     "delta": bench_delta,
     "postgres": bench_postgres,
+    "iceberg": bench_iceberg,
     "spark": bench_spark,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"

@@ -63,6 +63,10 @@ if TYPE_CHECKING:
         DuckDBMergeIOManager,
         DuckDBOverwriteIOManager,
     )
+    from idem_assets.lib.backends.iceberg.io_managers import (
+        IcebergMergeIOManager,
+        IcebergOverwriteIOManager,
+    )
     from idem_assets.lib.backends.postgres.io_managers import (
         PostgresMergeIOManager,
         PostgresOverwriteIOManager,
@@ -104,6 +108,8 @@ __all__ = [
     "DuckDBOverwriteIOManager",
     "DuplicateKeyError",
     "EmptyBatchError",
+    "IcebergMergeIOManager",
+    "IcebergOverwriteIOManager",
     "IdempotencyError",
     "IdempotentIOManager",
     "InvalidIdentifierError",

@@ -19,6 +19,7 @@ BENCHMARKS = [
     "memory",
     "delta",
     "postgres",
+    "iceberg",
     "spark",
 ]
 

@@ -86,6 +86,11 @@ RUN_BY: dict[str, dict[str, str]] = {
             "tests/defs/test_warehouse.py::test_the_documented_delta_switch_runs_as_printed"
         ),
     },
+    "docs/iceberg.md": {
+        "IDEM_WAREHOUSE=iceberg dg launch --job taxi_daily --partition 2026-01-01": (
+            "tests/iceberg/test_warehouse_setting.py::test_the_docs_iceberg_switch_runs_as_printed"
+        ),
+    },
 }
 #: Printed commands no test runs, and why.
 NEVER_RUN = {("README.md", "make test"): "it runs the whole suite, this test among them"}
@@ -111,6 +116,18 @@ BLOCKS_RUN_BY: dict[tuple[str, str], str] = {
     ("docs/delta.md", "## The IO managers"): (
         "tests/delta/test_docs_delta.py::test_the_documented_delta_configuration_runs_as_printed"
     ),
+    **{
+        (
+            "docs/iceberg.md",
+            heading,
+        ): "tests/iceberg/test_docs.py::test_the_iceberg_page_runs_as_printed"
+        for heading in (
+            "## Configuration",
+            "## Time travel to exactly what a publish wrote",
+            "## Write-audit-publish on a branch",
+            "## Orphan files",
+        )
+    },
     ("docs/testing.md", "## A first proof"): (
         "tests/test_testing_kit.py::test_the_documented_kit_example_runs_as_printed"
     ),

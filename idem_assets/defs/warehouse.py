@@ -1,6 +1,6 @@
-"""The warehouse the code location writes: DuckDB by default, or another engine by one setting.
+"""The warehouse the code location writes: DuckDB by default, or PostgreSQL, Delta, Iceberg, Spark.
 
-``IDEM_WAREHOUSE=duckdb|postgres|delta|spark`` chooses the engine. Each engine is one entry of
+``IDEM_WAREHOUSE=duckdb|postgres|delta|iceberg|spark`` chooses the engine. Each engine is one entry of
 :data:`ENGINES`: how to build its overwrite and merge IO managers from the environment, and how
 many runs may write it at once. Everything else in the code location reads and writes through
 those IO managers, so another engine is one more entry.
@@ -94,6 +94,32 @@ def delta_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]
     return ia.DeltaOverwriteIOManager(root=root), ia.DeltaMergeIOManager(root=root)
 
 
+#: The Iceberg catalog (``sqlite:////path``, ``postgresql+psycopg2://user@host/db`` or a REST
+#: URL) and warehouse (a folder or ``s3://...``); a PostgreSQL catalog's password only from
+#: IDEM_ICEBERG_PASSWORD, read when the catalog opens.
+ICEBERG_CATALOG, ICEBERG_WAREHOUSE, ICEBERG_PASSWORD = (
+    "IDEM_ICEBERG_CATALOG",
+    "IDEM_ICEBERG_WAREHOUSE",
+    "IDEM_ICEBERG_PASSWORD",
+)
+
+
+def iceberg_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]:
+    """Both IO managers on the Iceberg catalog the IDEM_ICEBERG_* variables name.
+
+    Unset, a SQLite catalog file and a warehouse folder under ``.data/iceberg`` in the checkout.
+    """
+    local = REPO_ROOT / ".data" / "iceberg"
+    catalog = os.environ.get(ICEBERG_CATALOG) or f"sqlite:///{local / 'catalog.db'}"
+    warehouse = os.environ.get(ICEBERG_WAREHOUSE) or f"file://{local / 'warehouse'}"
+    if "://" not in warehouse:
+        warehouse = f"file://{Path(warehouse).resolve()}"
+    config = {
+        "catalog_uri": catalog,
+        "warehouse": warehouse,
+        "password_env": ICEBERG_PASSWORD if catalog.startswith("postgresql") else None,
+    }
+    return ia.IcebergOverwriteIOManager(**config), ia.IcebergMergeIOManager(**config)
 def spark_conf() -> dict[str, str]:
     """The Spark settings: ``$IDEM_SPARK_CONF``, else local Spark under ``.data/spark``."""
     given = os.environ.get(SPARK_CONF)
@@ -148,6 +174,15 @@ ENGINES: dict[str, Engine] = {
             " and both commit, and two writers of the same day retry, so neither doubles it."
         ),
     ),
+    "iceberg": Engine(
+        name="iceberg",
+        slots=3,
+        multi_writer=True,
+        io_managers=iceberg_io_managers,
+        pool_reason=(
+            "Iceberg commits optimistically: a writer whose commit loses to another run's starts"
+            " over from the guards on the new snapshot, so runs of different days both commit"
+            " and two writers of the same day leave one batch."
     "spark": Engine(
         name="spark",
         slots=1,

@@ -5,6 +5,7 @@ open the engine's backend, its two IO managers, and how to read a table back. Ad
 adding one factory to ``FACTORIES``.
 """
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +22,13 @@ import idem_assets as ia
 from idem_assets.lib.backends.delta.backend import DeltaBackend
 from idem_assets.lib.backends.delta.layout import DAY_COLUMN, delta_tables, owner_of
 from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
+from idem_assets.lib.backends.iceberg.backend import IcebergBackend
+from idem_assets.lib.backends.iceberg.catalog import IcebergLocation
+from idem_assets.lib.backends.iceberg.commit import OWNER_PROPERTY
+from idem_assets.lib.backends.iceberg.io_managers import (
+    IcebergMergeIOManager,
+    IcebergOverwriteIOManager,
+)
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from idem_assets.lib.write.seam import Backend
 
@@ -51,6 +59,8 @@ IO_MANAGERS: dict[str, tuple[type[dg.ConfigurableIOManager], type[dg.Configurabl
     "delta": (ia.DeltaOverwriteIOManager, ia.DeltaMergeIOManager),
     "duckdb": (ia.DuckDBOverwriteIOManager, ia.DuckDBMergeIOManager),
     "postgres": (ia.PostgresOverwriteIOManager, ia.PostgresMergeIOManager),
+    "iceberg": (IcebergOverwriteIOManager, IcebergMergeIOManager),
+    "iceberg-postgres": (IcebergOverwriteIOManager, IcebergMergeIOManager),
     "spark": (ia.SparkOverwriteIOManager, ia.SparkMergeIOManager),
 }
 
@@ -225,12 +235,102 @@ def spark_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     )
 
 
+def iceberg_store(request: pytest.FixtureRequest, directory: Path) -> Store:
+    """The Iceberg backend on a SQLite catalog file and a warehouse folder."""
+    return _iceberg(IcebergLocation.local(directory / "iceberg"), "iceberg")
+
+
+def iceberg_postgres_store(request: pytest.FixtureRequest, directory: Path) -> Store:
+    """The Iceberg backend on a SQL catalog in a fresh PostgreSQL database."""
+    location: PostgresLocation = request.getfixturevalue("postgres_location")
+    request.getfixturevalue("monkeypatch").setenv(PASSWORD_ENV, str(location.password))
+    uri = (
+        f"postgresql+psycopg2://{location.user}@{location.host}:{location.port}/{location.database}"
+    )
+    warehouse = f"file://{directory / 'warehouse'}"
+    where = IcebergLocation(uri, warehouse, password_env=PASSWORD_ENV)
+    return _iceberg(where, "iceberg-postgres", {PASSWORD_ENV: str(location.password)})
+
+
+@contextmanager
+def iceberg_backend(
+    location: IcebergLocation, environment: Mapping[str, str] | None = None
+) -> Iterator[Backend]:
+    """The Iceberg backend on ``location``, closed after; ``environment`` is set first.
+
+    A racing child process comes from a fork server started before the test set the catalog's
+    password in the environment: it gets the variable this way.
+    """
+    os.environ.update(environment or {})
+    with IcebergBackend(location) as backend:
+        yield backend
+
+
+def _iceberg(
+    location: IcebergLocation, name: str, environment: Mapping[str, str] | None = None
+) -> Store:
+    config = {
+        "catalog_uri": location.uri,
+        "warehouse": location.warehouse,
+        "password_env": location.password_env,
+    }
+
+    def rows(table: str) -> list[tuple]:
+        with IcebergBackend(location) as backend:
+            stored = backend.catalog.load_table(("main", table)).scan().to_arrow()
+        return sorted(zip(*stored.to_pydict().values(), strict=True))
+
+    def snapshot() -> dict[str, str | None]:
+        # The owner is a table property: it is part of each table's record.
+        found: dict[str, str | None] = {}
+        with IcebergBackend(location) as backend:
+            catalog = backend.catalog
+            for namespace in catalog.list_namespaces():
+                for schema, table in catalog.list_tables(namespace):
+                    owner = catalog.load_table((schema, table)).properties.get(OWNER_PROPERTY)
+                    fingerprint = ia.table_fingerprint(backend, schema, table)
+                    found[f"{schema}.{table}"] = f"{fingerprint} {owner}"
+        return found
+
+    return Store(
+        name=name,
+        open=partial(iceberg_backend, location, dict(environment or {})),
+        config=config,
+        rows=rows,
+        snapshot=snapshot,
+        env=dict(environment or {}),
+    )
+
+
 FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
     "delta": delta_store,
     "duckdb": duckdb_store,
+    "iceberg": iceberg_store,
+    "iceberg-postgres": iceberg_postgres_store,
     "postgres": postgres_store,
     "spark": spark_store,
 }
+
+#: ``IDEM_FULL=1`` runs the whole suite on the Iceberg PostgreSQL catalog too (``make
+#: test-full``); the everyday run gives it the races and first writers, where the catalogs'
+#: compare-and-swap differs, the rest of the suite running on the Iceberg SQLite catalog (the
+#: same backend, another catalog).
+FULL = os.environ.get("IDEM_FULL", "") not in ("", "0")
+_EVERYDAY_ON_ICEBERG_POSTGRES = ("test_races.py", "test_first_writers.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the Iceberg PostgreSQL catalog only its everyday share unless IDEM_FULL is set."""
+    if FULL:
+        return
+    kept, dropped = [], []
+    for item in items:
+        on_it = "[iceberg-postgres" in item.nodeid
+        everyday = any(name in item.nodeid for name in _EVERYDAY_ON_ICEBERG_POSTGRES)
+        (dropped if on_it and not everyday else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(params=sorted(FACTORIES))

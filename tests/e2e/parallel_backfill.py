@@ -28,7 +28,7 @@ from idem_assets.defs.stale_totals import revenue_per_day, stale_totals, stored_
 from idem_assets.defs.trips import trips
 from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
-from idem_assets.lib.write.seam import Backend
+from idem_assets.lib.write.seam import Backend, TableRef
 
 from .dagster_services import REPO_ROOT, DagsterServices, RunRecord
 from .test_backfills import run_events, summary
@@ -176,8 +176,8 @@ def day_state(stack: Stack, days: Sequence[str]) -> dict[tuple[str, str], tuple[
             s = settings(asset)
             for day in days:
                 window = ia.window_from_keys(DAILY, [day], s.asset)
-                state[(s.table, day)] = opened.fingerprint_table(
-                    s.schema, s.table, s.partition_columns, window
+                state[(s.table, day)] = opened.fingerprint(
+                    TableRef(s.schema, s.table), s.partition_columns, window
                 )
     return state
 

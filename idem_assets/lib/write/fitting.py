@@ -108,10 +108,24 @@ def refuse_changes_outside_write(
 ) -> None:
     """Refuse a change the asset opted into that the engine cannot make in the write's commit."""
     widened = [c for c in changes if c.action == "widen_type"]
-    if not widened or "widen_type" in caps.schema_changes:
+    if "widen_type" in caps.schema_changes:
+        widens = caps.widens
+        widened = (
+            [] if widens is None else [c for c in widened if not widens(table[c.column], c.type)]
+        )
+    if not widened:
         return
     listed = "; ".join(f"{c.column}: table {table[c.column]}, batch {c.type}" for c in widened)
     keeps = "'add_columns'" if settings.adds_columns else "'strict'"
+    if "widen_type" in caps.schema_changes:
+        # In place, the engine makes only some widenings: the others rewrite every row.
+        raise SchemaMismatchError(
+            f"Refused to write {where}: schema_evolution asks to widen [{listed}], but"
+            f" {caps.engine} changes a column's type in place only {caps.widens_only}. Nothing"
+            " was changed. Fix: cast the batch to the table's type (e.g. df['col'] ="
+            " df['col'].astype(...)), or rewrite the table once with the wider type (every"
+            f" row, in one commit) and set schema_evolution to {keeps}."
+        )
     rewrite = (
         types.migration([], {}, {c.column: c.type for c in widened})
         if isinstance(types, schema_fit.MigratesInCode)

@@ -288,6 +288,10 @@ class Capabilities:
     timestamps: Literal["round", "floor"] = "floor"
     #: Schema changes the write can make in the publish's own commit.
     schema_changes: frozenset[str] = frozenset({"add_column", "widen_type"})
+    #: Of the widenings schema_fit allows, those the commit makes in place (old type, new
+    #: type), and how the engine words them; ``None``: every one (Iceberg promotes only some).
+    widens: Callable[[pa.DataType, pa.DataType], bool] | None = None
+    widens_only: str = ""
     #: Whether text may hold NUL (PostgreSQL's text cannot).
     text_holds_nul: bool = True
     #: The longest identifier in bytes the engine keeps whole (PostgreSQL cuts at 63).

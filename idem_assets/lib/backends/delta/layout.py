@@ -152,11 +152,15 @@ def predicate(
 
 
 def window_predicate(
-    column: str, column_type: pa.DataType, spans: Sequence[tuple[Bound, Bound]]
+    column: str,
+    column_type: pa.DataType,
+    spans: Sequence[tuple[Bound, Bound]],
+    alias: str | None = None,
 ) -> str:
     """One time column inside any of ``spans`` (with their days), as a Delta predicate."""
     validate_identifier(column, "partition column")
-    return predicate(((Condition(column, spans=tuple(spans)),),), {column: column_type})
+    region = ((Condition(column, spans=tuple(spans)),),)
+    return predicate(region, {column: column_type}, alias=alias)
 
 
 def owner_of(table: DeltaTable) -> str | None:
