@@ -1,9 +1,9 @@
 """The warehouse the code location writes: DuckDB by default, or PostgreSQL, Delta, Iceberg, Spark.
 
-``IDEM_WAREHOUSE=duckdb|postgres|delta|iceberg|spark`` chooses the engine. Each engine is one entry of
-:data:`ENGINES`: how to build its overwrite and merge IO managers from the environment, and how
-many runs may write it at once. Everything else in the code location reads and writes through
-those IO managers, so another engine is one more entry.
+``IDEM_WAREHOUSE=duckdb|postgres|delta|iceberg|spark`` chooses the engine. Each engine is one
+entry of :data:`ENGINES`: how to build its overwrite and merge IO managers from the
+environment, and how many runs may write it at once. Everything else in the code location reads
+and writes through those IO managers, so another engine is one more entry.
 """
 
 import json
@@ -120,6 +120,8 @@ def iceberg_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManage
         "password_env": ICEBERG_PASSWORD if catalog.startswith("postgresql") else None,
     }
     return ia.IcebergOverwriteIOManager(**config), ia.IcebergMergeIOManager(**config)
+
+
 def spark_conf() -> dict[str, str]:
     """The Spark settings: ``$IDEM_SPARK_CONF``, else local Spark under ``.data/spark``."""
     given = os.environ.get(SPARK_CONF)
@@ -183,6 +185,8 @@ ENGINES: dict[str, Engine] = {
             "Iceberg commits optimistically: a writer whose commit loses to another run's starts"
             " over from the guards on the new snapshot, so runs of different days both commit"
             " and two writers of the same day leave one batch."
+        ),
+    ),
     "spark": Engine(
         name="spark",
         slots=1,
