@@ -151,3 +151,38 @@ def test_a_dataframe_input_reads_only_its_days_partition(
     assert read["rows"] == ROWS
     assert {d.isoformat() for d in read["days"]} == {"2026-01-02"}
     assert read["files"] and all("idem_day=2026-01-02" in f for f in read["files"]), read["files"]
+
+
+def _counted(ticks: str) -> Any:
+    """A Python UDF passing ``id`` through that appends one byte to ``ticks`` per row it sees."""
+
+    def tick(i):  # noqa: ANN001, ANN202 (typed, Spark would read it as a pandas UDF)
+        with open(ticks, "a") as f:
+            f.write(".")
+        return i
+
+    return F.udf(tick, "long")
+
+
+def test_a_dataframe_output_is_evaluated_once_for_every_check_and_the_write(
+    spark: Any, spark_conf: dict[str, str], tmp_path: Path
+) -> None:
+    ticks = tmp_path / "ticks"
+    ticks.touch()
+
+    @dg.asset(name="events", partitions_def=DAILY, metadata=METADATA)
+    def events(spark: ia.SparkResource) -> DataFrame:
+        base = spark.session().range(500)
+        return base.select(
+            (F.lit(2026010200000) + _counted(str(ticks))(F.col("id"))).alias("event_id"),
+            (
+                F.to_timestamp_ntz(F.lit("2026-01-02 00:00:00"))
+                + F.make_interval(secs=F.col("id") * 60)
+            ).alias("event_at"),
+            F.col("id").cast("double").alias("amount"),
+        )
+
+    dg.materialize([events], resources=resources(spark_conf, tmp_path), partition_key="2026-01-02")
+    # One evaluation: the probe, the guards and the write read its rows, not the frame again.
+    assert len(ticks.read_text()) == 500
+    assert spark.table("main.events").count() == 500

@@ -4,6 +4,10 @@ The probe holds, for each column, its smallest and largest value and, for text, 
 run-time check looks for (a uuid of version 1 or 4, bare 32-digit hex): the checks that run
 before staging decide on it exactly as on the whole batch. It is computed by Spark (one
 aggregation, and a bounded query per text column); the batch never reaches the driver.
+
+The frame is evaluated once, into a local checkpoint on the executors, before the probe: the
+probe, the staged copy and so every guard read the same rows even when the frame is not
+deterministic (``rand()``, a source that changes while the publish runs).
 """
 
 import pyarrow as pa
@@ -22,7 +26,7 @@ _HEX_SAMPLE = 4
 
 
 def spark_batch(frame: DataFrame, asset: str) -> EngineBatch:
-    """``frame`` with its probe; a column Arrow cannot hold is refused by name."""
+    """``frame`` evaluated once, with its probe; a column Arrow cannot hold is refused by name."""
     fields = list(frame.schema)
     types: dict[str, pa.DataType] = {}
     for f in fields:
@@ -36,6 +40,7 @@ def spark_batch(frame: DataFrame, asset: str) -> EngineBatch:
             )
         types[f.name] = found
     schema = pa.schema([pa.field(n, t) for n, t in types.items()])
+    frame = frame.localCheckpoint(eager=True)
     ordered = [f.name for f in fields if isinstance(f.dataType, _ORDERED)]
     columns: dict[str, list[object]] = {n: [] for n in types}
     if ordered:

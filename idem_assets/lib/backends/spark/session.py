@@ -1,5 +1,7 @@
 """The Spark session every Spark IO manager and asset of a process shares, from one config."""
 
+import os
+import sys
 from collections.abc import Mapping
 
 import dagster as dg
@@ -14,9 +16,14 @@ def spark_session(spark_conf: Mapping[str, str]) -> SparkSession:
     session of a process: a later call returns the running session whatever it asks for.
     """
     builder = SparkSession.builder
-    for key, value in spark_conf.items():
+    conf = dict(spark_conf)
+    if str(conf.get("spark.master", "local")).startswith("local"):
+        # Local Python workers run this interpreter and its packages (pyarrow, the asset's
+        # own), not the first python3 on PATH: PySpark reads only the environment for it.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    if spark_conf.get("spark.sql.catalogImplementation", "hive") == "hive":
+    if conf.get("spark.sql.catalogImplementation", "hive") == "hive":
         # Tables live in a Hive metastore: embedded (Derby) by default, or the cluster's one
         # (spark.hadoop.hive.metastore.uris).
         builder = builder.enableHiveSupport()
