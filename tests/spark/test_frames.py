@@ -156,7 +156,7 @@ def test_a_dataframe_input_reads_only_its_days_partition(
 def _counted(ticks: str) -> Any:
     """A Python UDF passing ``id`` through that appends one byte to ``ticks`` per row it sees."""
 
-    def tick(i):  # noqa: ANN001, ANN202 (typed, Spark would read it as a pandas UDF)
+    def tick(i):  # untyped: with type hints Spark would take it for a pandas UDF
         with open(ticks, "a") as f:
             f.write(".")
         return i
