@@ -24,10 +24,12 @@ test: $(STAMP) browser-deps postgres-deps java-deps
 	bash scripts/run_tests.sh
 
 # The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples; the
-# Iceberg kills (20 per catalog), its races and whole conformance run on the PostgreSQL catalog.
+# Iceberg kills (20 per catalog), its races and whole conformance run on the PostgreSQL catalog;
+# Spark's 24 driver kills and the whole conformance suite on Spark.
 test-full: $(STAMP) postgres-deps java-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/iceberg tests/conformance -q -p no:cacheprovider -k iceberg -m "not full"
+	IDEM_FULL=1 $(BIN)/python -m pytest tests/spark tests/conformance -q -p no:cacheprovider -k spark -m "not full"
 	IDEM_FULL=1 $(BIN)/python -m pytest -m full -q -p no:cacheprovider
 	IDEM_PARALLEL_DAYS=31 $(BIN)/python -m pytest tests/e2e/test_parallel_backfill.py -q -p no:cacheprovider
 

@@ -311,23 +311,35 @@ FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
     "spark": spark_store,
 }
 
-#: ``IDEM_FULL=1`` runs the whole suite on the Iceberg PostgreSQL catalog too (``make
-#: test-full``); the everyday run gives it the races and first writers, where the catalogs'
-#: compare-and-swap differs, the rest of the suite running on the Iceberg SQLite catalog (the
-#: same backend, another catalog).
+#: ``IDEM_FULL=1`` (``make test-full``) runs the whole suite on every store. The everyday run
+#: gives two stores a share: the Iceberg PostgreSQL catalog its races and first writers, where
+#: the catalogs' compare-and-swap differs (the rest runs on the Iceberg SQLite catalog, the same
+#: backend); Spark, whose every publish is several Spark jobs and metastore calls on two shared
+#: cores, the replace contract, the race of two days' merges and the first writers of one day
+#: (each racing writer starts a JVM of its own).
 FULL = os.environ.get("IDEM_FULL", "") not in ("", "0")
-_EVERYDAY_ON_ICEBERG_POSTGRES = ("test_races.py", "test_first_writers.py")
+EVERYDAY: dict[str, tuple[str, ...]] = {
+    "iceberg-postgres": ("test_races.py", "test_first_writers.py"),
+    "spark": (
+        "test_replace_contract.py",
+        "test_races.py",
+        "test_first_writers_of_one_day_leave_one_batch[spark-overwrite]",
+    ),
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave the Iceberg PostgreSQL catalog only its everyday share unless IDEM_FULL is set."""
+    """Leave the stores of EVERYDAY only their share unless IDEM_FULL is set."""
     if FULL:
         return
     kept, dropped = [], []
     for item in items:
-        on_it = "[iceberg-postgres" in item.nodeid
-        everyday = any(name in item.nodeid for name in _EVERYDAY_ON_ICEBERG_POSTGRES)
-        (dropped if on_it and not everyday else kept).append(item)
+        share = next(
+            (v for k, v in EVERYDAY.items() if f"[{k}-" in item.nodeid or f"[{k}]" in item.nodeid),
+            None,
+        )
+        everyday = share is None or any(name in item.nodeid for name in share)
+        (kept if everyday else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
