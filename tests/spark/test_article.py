@@ -102,3 +102,51 @@ def test_ours_stays_3000_rows_and_refuses_the_stray_row_changing_nothing(
     assert ia.table_fingerprint(backend, schema, "events") == before
     rows = spark.sql(f"SELECT idem_day, count(*) FROM {schema}.events GROUP BY 1").collect()
     assert {r[0].isoformat(): r[1] for r in rows} == {d.isoformat(): 1000 for d in DAYS}
+
+
+def test_raw_static_overwrite_with_an_empty_batch_empties_the_table(
+    spark: Any, schema: str
+) -> None:
+    table = raw_table(spark, schema, "emptied")
+    for day in DAYS:
+        frame(spark, day_batch(day)).write.insertInto(table)
+    frame(spark, day_batch(DAYS[1]).slice(0, 0)).write.insertInto(table, overwrite=True)
+    assert per_day(spark, table) == {}
+
+
+def test_raw_dataframe_merge_of_a_batch_with_a_repeated_key_stores_it_twice(
+    spark: Any, schema: str
+) -> None:
+    from pyspark.sql import functions as F
+
+    table = raw_table(spark, schema, "merged")
+    for day in DAYS:
+        frame(spark, day_batch(day)).write.insertInto(table)
+    session = dynamic(spark)
+    batch = frame(session, pa.concat_tables([day_batch(DAYS[1]), day_batch(DAYS[1]).slice(0, 1)]))
+    # The usual DataFrame merge: the day's rows whose key the batch lacks, plus the batch.
+    current = session.table(table).where(F.col("day") == F.lit(DAYS[1].isoformat()))
+    kept = current.join(batch.select("event_id"), "event_id", "left_anti")
+    kept.unionByName(batch).write.insertInto(table, overwrite=True)
+    repeated = spark.sql(
+        f"SELECT event_id FROM {table} GROUP BY event_id HAVING count(*) > 1"
+    ).collect()
+    assert len(repeated) == 1
+    assert per_day(spark, table)[DAYS[1].isoformat()] == 1001
+
+
+def test_ours_refuses_an_empty_batch_and_a_repeated_merge_key_changing_nothing(
+    spark: Any, schema: str, backend: SparkBackend
+) -> None:
+    overwrite = replace(settings("overwrite", METADATA, table="events"), schema=schema)
+    merge = replace(settings("merge", METADATA, table="events"), schema=schema)
+    for day in DAYS:
+        ia.publish(backend, day_batch(day), overwrite, window(day.isoformat()), now=NOW)
+    before = ia.table_fingerprint(backend, schema, "events")
+    day = DAYS[1].isoformat()
+    with pytest.raises(ia.EmptyBatchError, match=r"the batch is empty but the window holds 1000"):
+        ia.publish(backend, day_batch(DAYS[1]).slice(0, 0), overwrite, window(day), now=NOW)
+    repeated = pa.concat_tables([day_batch(DAYS[1]), day_batch(DAYS[1]).slice(0, 1)])
+    with pytest.raises(ia.DuplicateKeyError, match=r"the batch holds 1 extra row\(s\)"):
+        ia.publish(backend, repeated, merge, window(day), now=NOW)
+    assert ia.table_fingerprint(backend, schema, "events") == before
