@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from idem_assets.lib.backends.spark.backend import SparkBackend
+from tests.defs.conftest import make_pipeline  # noqa: F401  (the taxi location's pipelines)
 from tests.spark_session import drop_schema
 
 
