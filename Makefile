@@ -20,16 +20,18 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m idem_assets.demo
 
-test: $(STAMP) browser-deps postgres-deps
+test: $(STAMP) browser-deps postgres-deps java-deps
 	bash scripts/run_tests.sh
 
 # The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples; the
 # Iceberg kills (20 per catalog), its races and whole conformance run on the PostgreSQL catalog;
 # the tests marked full (the UI's first backfill of every partition, the printed bad-input
-# command); 15 days of one-run-per-day backfills and 31 in parallel.
-test-full: $(STAMP) browser-deps postgres-deps
+# command); 15 days of one-run-per-day backfills and 31 in parallel; Spark's 24 driver kills and
+# the whole conformance suite on Spark.
+test-full: $(STAMP) browser-deps postgres-deps java-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/iceberg tests/conformance -q -p no:cacheprovider -k iceberg -m "not full"
+	IDEM_FULL=1 $(BIN)/python -m pytest tests/spark tests/conformance -q -p no:cacheprovider -k spark -m "not full"
 	IDEM_FULL=1 $(BIN)/python -m pytest -m full -q -p no:cacheprovider
 	IDEM_PARALLEL_DAYS=31 $(BIN)/python -m pytest tests/e2e/test_parallel_backfill.py -q -p no:cacheprovider
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/e2e/test_backfills.py -q -p no:cacheprovider
@@ -37,6 +39,12 @@ test-full: $(STAMP) browser-deps postgres-deps
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
 browser-deps:
 	bash scripts/install_browser.sh
+
+# Debian's Java runtime for the Spark engine (pyspark 4 needs Java 17+); without root it prints
+# the command and fails, as the Spark tests cannot run without it (docs/spark.md).
+.PHONY: java-deps
+java-deps:
+	bash scripts/install_java.sh
 
 # Debian's PostgreSQL server binaries for the tests that start a throwaway cluster (docs/postgres.md).
 .PHONY: postgres-deps

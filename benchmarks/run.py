@@ -27,6 +27,7 @@ from benchmarks import (
     bench_postgres,
     bench_publish,
     bench_scaling,
+    bench_spark,
     breakdown,
 )
 from benchmarks.harness import ROOT, Line, Scale, machine, render
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "delta": bench_delta,
     "postgres": bench_postgres,
     "iceberg": bench_iceberg,
+    "spark": bench_spark,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"
 

@@ -71,6 +71,11 @@ if TYPE_CHECKING:
         PostgresMergeIOManager,
         PostgresOverwriteIOManager,
     )
+    from idem_assets.lib.backends.spark.io_managers import (
+        SparkMergeIOManager,
+        SparkOverwriteIOManager,
+    )
+    from idem_assets.lib.backends.spark.session import SparkResource
 
 
 def __getattr__(name: str) -> Any:
@@ -119,6 +124,9 @@ __all__ = [
     "PublishResult",
     "RuntimeValueError",
     "SchemaMismatchError",
+    "SparkMergeIOManager",
+    "SparkOverwriteIOManager",
+    "SparkResource",
     "StorageError",
     "StrayRowsError",
     "WriteMode",

@@ -3,7 +3,7 @@
 import os
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from postgres_server import PostgresServer, PostgresUnavailableError, find_bin_dir
@@ -86,6 +86,33 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_conf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The settings of this worker's one Spark session, on a Hive metastore of its own.
+
+    A Thrift metastore rather than an embedded Derby one, which admits a single process: the
+    racing and killed writers of the Spark tests are child processes on the same catalog.
+    """
+    from tests.spark_session import Metastore, client_conf
+
+    root = tmp_path_factory.getbasetemp() / "spark"
+    metastore = Metastore.start(root / "metastore")
+    try:
+        yield client_conf(root, metastore)
+    finally:
+        metastore.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(spark_conf: dict[str, str]) -> Iterator[Any]:
+    """This worker's Spark session, started on first use and shared by every Spark test."""
+    from idem_assets.lib.backends.spark.session import spark_session
+
+    session = spark_session(spark_conf)
+    yield session
+    session.stop()
 
 
 @pytest.fixture

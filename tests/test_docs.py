@@ -91,6 +91,12 @@ RUN_BY: dict[str, dict[str, str]] = {
             "tests/iceberg/test_warehouse_setting.py::test_the_docs_iceberg_switch_runs_as_printed"
         ),
     },
+    "docs/spark.md": {
+        "make java-deps": "tests/spark/test_docs.py::test_the_java_command_runs_as_printed",
+        "IDEM_WAREHOUSE=spark dg launch --job taxi_daily --partition 2026-01-01": (
+            "tests/spark/test_warehouse_setting.py::test_the_docs_spark_switch_runs_as_printed"
+        ),
+    },
 }
 #: Printed commands no test runs, and why.
 NEVER_RUN = {("README.md", "make test"): "it runs the whole suite, this test among them"}
@@ -128,6 +134,10 @@ BLOCKS_RUN_BY: dict[tuple[str, str], str] = {
             "## Orphan files",
         )
     },
+    ("docs/spark.md", "## Configuration"): (
+        "tests/spark/test_docs.py::"
+        "test_the_cluster_configuration_builds_definitions_without_starting_spark"
+    ),
     ("docs/testing.md", "## A first proof"): (
         "tests/test_testing_kit.py::test_the_documented_kit_example_runs_as_printed"
     ),

@@ -1,11 +1,12 @@
-"""The warehouse the code location writes: DuckDB by default, or PostgreSQL, Delta, Iceberg.
+"""The warehouse the code location writes: DuckDB by default, or PostgreSQL, Delta, Iceberg, Spark.
 
-``IDEM_WAREHOUSE=duckdb|postgres|delta|iceberg`` chooses the engine. Each engine is one entry of
-:data:`ENGINES`: how to build its overwrite and merge IO managers from the environment, and how
-many runs may write it at once. Everything else in the code location reads and writes through
-those IO managers, so another engine is one more entry.
+``IDEM_WAREHOUSE=duckdb|postgres|delta|iceberg|spark`` chooses the engine. Each engine is one
+entry of :data:`ENGINES`: how to build its overwrite and merge IO managers from the
+environment, and how many runs may write it at once. Everything else in the code location reads
+and writes through those IO managers, so another engine is one more entry.
 """
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Where the Delta tables live: a folder, or an object-store URI (``s3://bucket/lake``) whose
 #: credentials delta-rs reads from the environment (AWS_* variables).
 DELTA_ROOT = "IDEM_DELTA_ROOT"
+
+#: The Spark session's settings as a JSON object (``{"spark.master": "spark://host:7077", ...}``);
+#: unset, local Spark with a Derby metastore and the warehouse under ``.data/spark``.
+SPARK_CONF = "IDEM_SPARK_CONF"
 
 #: The PostgreSQL warehouse's connection, from the environment; the password only from
 #: IDEM_PG_PASSWORD, read when a connection opens (never in config, logs or metadata).
@@ -117,6 +122,29 @@ def iceberg_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManage
     return ia.IcebergOverwriteIOManager(**config), ia.IcebergMergeIOManager(**config)
 
 
+def spark_conf() -> dict[str, str]:
+    """The Spark settings: ``$IDEM_SPARK_CONF``, else local Spark under ``.data/spark``."""
+    given = os.environ.get(SPARK_CONF)
+    if given:
+        return {str(k): str(v) for k, v in json.loads(given).items()}
+    root = REPO_ROOT / ".data" / "spark"
+    return {
+        "spark.master": "local[*]",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.warehouse.dir": str(root / "warehouse"),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": (
+            f"jdbc:derby:;databaseName={root / 'metastore_db'};create=true"
+        ),
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={root}",
+    }
+
+
+def spark_io_managers() -> tuple[ia.IdempotentIOManager, ia.IdempotentIOManager]:
+    """Both IO managers on the Spark session :func:`spark_conf` configures."""
+    conf = spark_conf()
+    return ia.SparkOverwriteIOManager(spark_conf=conf), ia.SparkMergeIOManager(spark_conf=conf)
+
+
 ENGINES: dict[str, Engine] = {
     "duckdb": Engine(
         name="duckdb",
@@ -157,6 +185,18 @@ ENGINES: dict[str, Engine] = {
             "Iceberg commits optimistically: a writer whose commit loses to another run's starts"
             " over from the guards on the new snapshot, so runs of different days both commit"
             " and two writers of the same day leave one batch."
+        ),
+    ),
+    "spark": Engine(
+        name="spark",
+        slots=1,
+        # More than one only with an external Hive metastore: an embedded one admits one process.
+        multi_writer=True,
+        io_managers=spark_io_managers,
+        pool_reason=(
+            "Spark's embedded metastore admits one process: runs wait in the queue. With a"
+            " cluster's Hive metastore (spark.hadoop.hive.metastore.uris), raise"
+            " IDEM_WAREHOUSE_SLOTS: commits to one table take turns on its lock."
         ),
     ),
 }

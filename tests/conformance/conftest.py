@@ -61,6 +61,7 @@ IO_MANAGERS: dict[str, tuple[type[dg.ConfigurableIOManager], type[dg.Configurabl
     "postgres": (ia.PostgresOverwriteIOManager, ia.PostgresMergeIOManager),
     "iceberg": (IcebergOverwriteIOManager, IcebergMergeIOManager),
     "iceberg-postgres": (IcebergOverwriteIOManager, IcebergMergeIOManager),
+    "spark": (ia.SparkOverwriteIOManager, ia.SparkMergeIOManager),
 }
 
 
@@ -179,6 +180,61 @@ def postgres_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     )
 
 
+@contextmanager
+def spark_backend(spark_conf: Mapping[str, str], warehouse: str) -> Iterator[Backend]:
+    """The Spark backend on the process's session (this worker's, or a child's own)."""
+    from idem_assets.lib.backends.spark.backend import SparkBackend
+    from idem_assets.lib.backends.spark.session import spark_session
+
+    with SparkBackend(spark_session(dict(spark_conf)), warehouse) as backend:
+        yield backend
+
+
+def spark_store(request: pytest.FixtureRequest, directory: Path) -> Store:
+    """The Spark backend on the worker's one session, its catalog emptied for the test."""
+    from idem_assets.lib.backends.spark import locks
+    from idem_assets.lib.backends.spark.backend import SparkBackend
+    from idem_assets.lib.backends.spark.layout import OWNER
+    from tests.spark_session import drop_schema
+
+    spark = request.getfixturevalue("spark")
+    spark_conf = request.getfixturevalue("spark_conf")
+    # One session (and metastore) per worker: each test starts from an empty catalog (the
+    # library's own table locks, released after every commit, stay).
+    own = ("default", locks.DATABASE)
+    for db in spark.catalog.listDatabases():
+        if db.name not in own:
+            drop_schema(spark, db.name)
+    warehouse = str(directory / "warehouse")
+    backend = SparkBackend(spark, warehouse)
+
+    def rows(table: str) -> list[tuple]:
+        found = backend.table("main", table)
+        names = ", ".join(f"`{c}`" for c in found.columns)
+        return sorted(tuple(r) for r in spark.sql(f"SELECT {names} FROM main.`{table}`").collect())
+
+    def snapshot() -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for db in spark.catalog.listDatabases():
+            if db.name == locks.DATABASE:
+                continue
+            for t in spark.catalog.listTables(db.name):
+                if t.isTemporary:
+                    continue
+                owner = backend.table(db.name, t.name).properties.get(OWNER)
+                fingerprint = ia.table_fingerprint(backend, db.name, t.name)
+                found[f"{db.name}.{t.name}"] = f"{fingerprint} {owner}"
+        return found
+
+    return Store(
+        name="spark",
+        open=partial(spark_backend, spark_conf, warehouse),
+        config={"spark_conf": spark_conf, "warehouse": warehouse},
+        rows=rows,
+        snapshot=snapshot,
+    )
+
+
 def iceberg_store(request: pytest.FixtureRequest, directory: Path) -> Store:
     """The Iceberg backend on a SQLite catalog file and a warehouse folder."""
     return _iceberg(IcebergLocation.local(directory / "iceberg"), "iceberg")
@@ -252,25 +308,38 @@ FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
     "iceberg": iceberg_store,
     "iceberg-postgres": iceberg_postgres_store,
     "postgres": postgres_store,
+    "spark": spark_store,
 }
 
-#: ``IDEM_FULL=1`` runs the whole suite on the Iceberg PostgreSQL catalog too (``make
-#: test-full``); the everyday run gives it the races and first writers, where the catalogs'
-#: compare-and-swap differs, the rest of the suite running on the Iceberg SQLite catalog (the
-#: same backend, another catalog).
+#: ``IDEM_FULL=1`` (``make test-full``) runs the whole suite on every store. The everyday run
+#: gives two stores a share: the Iceberg PostgreSQL catalog its races and first writers, where
+#: the catalogs' compare-and-swap differs (the rest runs on the Iceberg SQLite catalog, the same
+#: backend); Spark, whose every publish is several Spark jobs and metastore calls on two shared
+#: cores, the replace contract, the race of two days' merges and the first writers of one day
+#: (each racing writer starts a JVM of its own).
 FULL = os.environ.get("IDEM_FULL", "") not in ("", "0")
-_EVERYDAY_ON_ICEBERG_POSTGRES = ("test_races.py", "test_first_writers.py")
+EVERYDAY: dict[str, tuple[str, ...]] = {
+    "iceberg-postgres": ("test_races.py", "test_first_writers.py"),
+    "spark": (
+        "test_replace_contract.py",
+        "test_races.py",
+        "test_first_writers_of_one_day_leave_one_batch[spark-overwrite]",
+    ),
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave the Iceberg PostgreSQL catalog only its everyday share unless IDEM_FULL is set."""
+    """Leave the stores of EVERYDAY only their share unless IDEM_FULL is set."""
     if FULL:
         return
     kept, dropped = [], []
     for item in items:
-        on_it = "[iceberg-postgres" in item.nodeid
-        everyday = any(name in item.nodeid for name in _EVERYDAY_ON_ICEBERG_POSTGRES)
-        (dropped if on_it and not everyday else kept).append(item)
+        share = next(
+            (v for k, v in EVERYDAY.items() if f"[{k}-" in item.nodeid or f"[{k}]" in item.nodeid),
+            None,
+        )
+        everyday = share is None or any(name in item.nodeid for name in share)
+        (kept if everyday else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -49,7 +49,8 @@ def race(
         children.append((process, reader))
     results = []
     for process, reader in children:
-        assert reader.poll(180), "a writer reported nothing"
+        # A deadline for a hung writer: a Spark writer starts a JVM of its own first.
+        assert reader.poll(300), "a writer reported nothing"
         results.append(reader.recv())
         process.join(30)
     for outcome, _, detail in results:

@@ -27,7 +27,8 @@ TRIPS: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id
 FIRST, SECOND, THIRD = "2026-01-01", "2026-01-02", "2026-01-03"
 SHARED = 7
 RACES = count(2, 10)
-WAIT_S = 120.0
+#: A deadline for a hung writer, not a slow one: a Spark writer starts a JVM of its own.
+WAIT_S = 300.0
 #: DuckDB lets one process at a time open a file for writing: the other's open fails at once.
 LOCKED = "Could not set lock on file"
 

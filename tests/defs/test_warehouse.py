@@ -199,8 +199,8 @@ def test_duckdb_is_the_default_with_one_slot(monkeypatch: pytest.MonkeyPatch) ->
             "mysql",
             None,
             "IDEM_WAREHOUSE='mysql' names no warehouse engine. Nothing was changed. Fix: set"
-            " IDEM_WAREHOUSE to one of ['delta', 'duckdb', 'iceberg', 'postgres'] (unset means"
-            " 'duckdb').",
+            " IDEM_WAREHOUSE to one of ['delta', 'duckdb', 'iceberg', 'postgres', 'spark'] (unset"
+            " means 'duckdb').",
         ),
         (
             "duckdb",

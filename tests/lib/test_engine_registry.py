@@ -18,6 +18,7 @@ EXTRA_MODULES = [
     "dagster_postgres",
     "dagster_webserver",
     "polars",
+    "pyspark",
 ]
 
 

@@ -29,7 +29,7 @@ from idem_assets.lib.model.windows import (
     window_from_keys,
 )
 from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
-from idem_assets.lib.write.seam import Backend, TableRef
+from idem_assets.lib.write.seam import Backend, EngineBatch, TableRef
 
 
 class IdempotentIOManager(dg.ConfigurableIOManager):
@@ -54,6 +54,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     def _location(self) -> str:
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
+
+    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch:
+        """What the asset returned as the publish takes it: Arrow, or a frame of the engine's."""
+        return to_arrow(obj, asset)
 
     def relocated(self, directory: Path) -> Self | None:
         """This IO manager with its tables under ``directory``; ``None`` if they cannot move.
@@ -88,7 +92,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Publish the batch: guards, then replace the run's window in one transaction."""
         settings = self._settings(context)
         window = window_from_context(context, settings.asset)
-        batch = to_arrow(obj, settings.asset)
+        batch = self._batch(obj, settings.asset)
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
         context.add_output_metadata(

@@ -36,6 +36,7 @@ from idem_assets.lib.write.seam import (
     Capabilities,
     CommitConflict,
     Counts,
+    EngineBatch,
     Fitted,
     PartitionColumns,
     Scope,
@@ -107,7 +108,7 @@ _BACKEND_MEMBERS = ["begin", "capabilities", "fingerprint", "load"]
 
 def publish(
     store: duckdb.DuckDBPyConnection | Backend,
-    batch: pa.Table,
+    batch: pa.Table | EngineBatch,
     settings: WriteSettings,
     window: WriteWindow | None,
     *,
@@ -133,7 +134,8 @@ def publish(
     where = f"asset '{settings.asset}'"
     if window:
         where += f", partition {window.describe()}"
-    refuse_repeated_names(batch.column_names, where, caps.engine)
+    probe = batch.probe if isinstance(batch, EngineBatch) else batch
+    refuse_repeated_names(probe.column_names, where, caps.engine)
     for attempt in range(1, attempts + 1):
         try:
             with backend.begin(where) as tx:
@@ -165,7 +167,7 @@ def _no_stage(stage: str) -> None:
 def _publish_in(
     tx: Transaction,
     caps: Capabilities,
-    batch: pa.Table,
+    batch: pa.Table | EngineBatch,
     settings: WriteSettings,
     window: WriteWindow | None,
     where: str,
@@ -175,15 +177,17 @@ def _publish_in(
     """Every step of one attempt, in the contract's order; the caller's ``with`` commits."""
     snapshot = tx.describe(settings)
     guards.refuse_foreign(settings, where, snapshot, caps.engine)
-    fitted = fitting.fit(batch, settings, where, snapshot, caps)
-    staged = tx.stage(batch, fitted)
+    # A batch that stays in its engine is checked on its probe here, and whole once staged.
+    probe, frame = (batch.probe, batch.frame) if isinstance(batch, EngineBatch) else (batch, batch)
+    fitted = fitting.fit(probe, settings, where, snapshot, caps)
+    staged = tx.stage(frame, fitted)
     scope = _scope(fitted, staged, snapshot, window, where)
     guards.refuse_unstorable_keys(scope, caps)
     found = guards.profile(scope)
     if found.outside:
         guards.refuse_rounded_out(scope, found.rows)
     guards.refuse_unsafe_rows(scope, found)
-    check_runtime_values(batch, settings, window, now)
+    check_runtime_values(probe, settings, window, now)
     summary = tx.summarize(scope)
     guards.refuse_erasing(scope, found.rows, summary.existing)
     guards.refuse_keys_elsewhere(scope, summary)

@@ -168,6 +168,20 @@ class Evaluator(Protocol):
 
 
 @dataclass(frozen=True)
+class EngineBatch:
+    """A batch that stays in its engine (a Spark DataFrame), with a probe of its values in Arrow.
+
+    The checks on values that run before staging (names, lossy casts, run-time values) read
+    ``probe``: the batch's schema and a few of its rows, chosen by the engine so that each of
+    those checks decides on them as on the whole batch (each column's extremes, the values
+    that look like uuids). The frame itself reaches only :meth:`Transaction.stage`.
+    """
+
+    frame: Any
+    probe: pa.Table
+
+
+@dataclass(frozen=True)
 class Staged:
     """The batch as it will be stored, where the evaluator reads it."""
 
@@ -301,8 +315,11 @@ class Transaction(Protocol):
         """The target's columns, owner and state, read once; later reads use this snapshot."""
         ...
 
-    def stage(self, batch: pa.Table, fitted: Fitted) -> Staged:
-        """The batch as stored (names, types, the engine's rounding), for the guards to read."""
+    def stage(self, batch: pa.Table | Any, fitted: Fitted) -> Staged:
+        """The batch as stored (names, types, the engine's rounding), for the guards to read.
+
+        ``batch`` is Arrow, or the frame of an :class:`EngineBatch` the engine's IO manager made.
+        """
         ...
 
     def summarize(self, scope: Scope, final: bool = False) -> Summary:

@@ -1,0 +1,667 @@
+"""The Spark backend: Parquet tables in Spark's catalog, each window swapped in by one call.
+
+A publish stages the batch once, as Parquet in a fresh version directory under the table
+(``<root>/_idem_versions/<uuid>``), and every guard reads that copy as Spark SQL jobs (the
+batch never reaches the driver, and a DataFrame evaluated twice cannot differ between the
+guards and the write). The write leaves that directory as it is (an overwrite of whole
+partitions) or writes the window as it will be into another one (a merge, or a window that
+covers part of a partition, whose other rows it keeps). Nothing a reader sees changes until
+the commit: the window's partitions are pointed at their new directories by one metastore call
+(:func:`~.catalog.move_partitions`), after empty placeholders for partitions the table lacks.
+Spark's own overwrite modes are never used, so the session's ``partitionOverwriteMode`` plays
+no part. The replaced directories are deleted after the commit.
+
+Concurrent writers: each commit raises the table's ``idem.version`` property; a publish that
+finds it raised since it described the table raises
+:class:`~idem_assets.lib.write.seam.CommitConflict` and starts over on the new state.
+"""
+
+import json
+import operator
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Any, ClassVar
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from idem_assets.lib.backends.spark import catalog, sql
+from idem_assets.lib.backends.spark.catalog import Spec
+from idem_assets.lib.backends.spark.evaluator import SparkEvaluator
+from idem_assets.lib.backends.spark.layout import (
+    COLUMNS,
+    OWNER,
+    ROOT,
+    VERSION,
+    VERSIONS,
+    covers,
+    directory,
+    key_path,
+    logical_columns,
+    meets,
+    new_layout,
+)
+from idem_assets.lib.backends.spark.locks import table_lock
+from idem_assets.lib.backends.spark.sql import DAY, with_days
+from idem_assets.lib.backends.spark.types import SparkTypes, arrow_type, spark_schema, spark_type
+from idem_assets.lib.model.identifiers import validate_identifier
+from idem_assets.lib.model.settings import WriteSettings
+from idem_assets.lib.model.windows import Region, WriteWindow, stored_region
+from idem_assets.lib.sql import statements
+from idem_assets.lib.write.evaluator import DuckDBEvaluator, embedded, stored_rows
+from idem_assets.lib.write.seam import (
+    Capabilities,
+    CommitConflict,
+    Counts,
+    Fingerprints,
+    Fitted,
+    PartitionColumns,
+    Scope,
+    Snapshot,
+    Staged,
+    StoredColumn,
+    Summary,
+    TableRef,
+    WritePlan,
+    Written,
+)
+
+CAPABILITIES = Capabilities(
+    engine="Spark",
+    types=SparkTypes(),
+    commit="optimistic",
+    # Staging floors timestamps to Spark's microseconds in Arrow (or Spark's own cast): a
+    # floor keeps every row on its side of a window bound.
+    timestamps="floor",
+    # A Parquet table in Spark's catalog gains columns; it never changes a column's type.
+    schema_changes=frozenset({"add_column"}),
+    key_path=key_path,
+)
+
+
+@dataclass
+class _Table:
+    """A table as one publish read it from the catalog."""
+
+    db: str
+    name: str
+    #: Where the table's version directories go (the table's own directory).
+    root: str
+    exists: bool = False
+    #: The catalog's partition columns (:data:`DAY` and category columns).
+    layout: tuple[str, ...] = ()
+    #: Columns in the asset's order, without :data:`DAY`.
+    columns: dict[str, StoredColumn] = field(default_factory=dict)
+    struct: T.StructType | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    location: str = ""
+
+    @property
+    def qualified(self) -> str:
+        """```db`.`table``` for statements."""
+        return f"`{self.db}`.`{self.name}`"
+
+    @property
+    def version(self) -> int:
+        """The commit counter the table holds."""
+        return int(self.properties.get(VERSION, "0"))
+
+
+@dataclass
+class _Plan:
+    """What the commit makes visible: a version directory and the partitions pointed into it."""
+
+    version: str
+    create: bool
+    #: Every window partition's spec and its new directory.
+    moves: dict[Spec, str]
+    #: Partitions the table lacks, registered on an empty placeholder first.
+    missing: list[Spec]
+    added: list[tuple[str, str]]
+    order: list[str]
+    struct: T.StructType
+    #: Directories the commit replaces, deleted after it.
+    replaced: list[str]
+
+
+class SparkBackend:
+    """Publishes to Parquet tables in the catalog of ``spark``'s session."""
+
+    capabilities: ClassVar[Capabilities] = CAPABILITIES
+
+    def __init__(self, spark: SparkSession, warehouse: str | None = None) -> None:
+        """Tables of a schema the catalog lacks go to ``<warehouse>/<schema>.db``.
+
+        ``warehouse`` unset: the session's ``spark.sql.warehouse.dir``.
+        """
+        self.spark = spark
+        self.warehouse = warehouse
+
+    def __enter__(self) -> "SparkBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The session is the process's: it outlives the backend."""
+
+    @contextmanager
+    def begin(self, where: str) -> Iterator["SparkTransaction"]:
+        """One publish: staged and decided first, made visible by the commit at the end."""
+        tx = SparkTransaction(self, where)
+        try:
+            yield tx
+            tx.commit()
+        except BaseException:
+            tx.abort()
+            raise
+        finally:
+            tx.close()
+
+    def table(self, schema: str, table: str) -> _Table:
+        """The table as the catalog holds it now (``exists`` False when it has none)."""
+        db, name = validate_identifier(schema, "schema"), validate_identifier(table, "table")
+        spark = self.spark
+        info = catalog.table_info(spark, db, name)
+        if info is None:
+            return _Table(db, name, root=self._new_root(db, name))
+        location, layout, properties, struct = info
+        found = _Table(db, name, root=properties.get(ROOT, location), exists=True)
+        found.properties, found.layout, found.location = properties, layout, location
+        found.struct = struct
+        by_name = {f.name: f for f in struct}
+        found.columns = {
+            n: StoredColumn(arrow_type(by_name[n].dataType), by_name[n].dataType.simpleString())
+            for n in logical_columns(found.properties, by_name)
+        }
+        return found
+
+    def _new_root(self, db: str, name: str) -> str:
+        spark = self.spark
+        if spark.catalog.databaseExists(db):
+            base = spark.catalog.getDatabase(db).locationUri
+        else:
+            base = self._database_location(db)
+        return catalog.qualified(spark, f"{base.rstrip('/')}/{name}")
+
+    def _database_location(self, db: str) -> str:
+        warehouse = self.warehouse or self.spark.conf.get("spark.sql.warehouse.dir")
+        assert warehouse, "a session always names its warehouse"
+        return f"{warehouse.rstrip('/')}/{db}.db"
+
+    def create_database(self, db: str) -> None:
+        """Create schema ``db`` where new schemas go, if the catalog lacks it."""
+        if not self.spark.catalog.databaseExists(db):
+            location = _literal(catalog.qualified(self.spark, self._database_location(db)))
+            self.spark.sql(f"CREATE DATABASE IF NOT EXISTS `{db}` LOCATION {location}")
+
+    def window(
+        self, table: _Table, region: Region, names: Sequence[str] | None = None
+    ) -> DataFrame:
+        """The table's rows in ``region`` (pruned to its partitions), its columns in order."""
+        names = list(table.columns) if names is None else list(names)
+        pruned = with_days(region, _time_column(table, region)) if DAY in table.layout else region
+        ev = SparkEvaluator(self.spark)
+        return ev.frame(sql.select((table.db, table.name), names, pruned))
+
+    def fingerprint(
+        self, table: TableRef, partition_columns: PartitionColumns, window: WriteWindow | None
+    ) -> tuple[int, int] | None:
+        """Count and hash sum of a table (or one window of it); ``None`` when it is absent."""
+        found = self.table(table.schema, table.table)
+        if not found.exists:
+            return None
+        types = {n: c.type for n, c in found.columns.items() if c.type is not None}
+        region = stored_region(window, partition_columns, types, table.name)
+        ev = SparkEvaluator(self.spark)
+        try:
+            view = ev.register(self.window(found, region), "idem_target_")
+            count, digest = ev.one(sql.fingerprint(view, list(found.columns), ()))
+        finally:
+            ev.release()
+        return int(count), int(digest)
+
+    def frame(
+        self, settings: WriteSettings, window: WriteWindow | None, nothing: bool = False
+    ) -> DataFrame | None:
+        """The window's rows as a lazy DataFrame read with partition pruning; ``None``: no table."""
+        found = self.table(settings.schema, settings.table)
+        if not found.exists:
+            return None
+        types = {n: c.type for n, c in found.columns.items() if c.type is not None}
+        region = stored_region(
+            None if nothing else window, settings.partition_columns, types, settings.asset
+        )
+        frame = self.window(found, region)
+        return frame.limit(0) if nothing else frame
+
+    def load(
+        self,
+        settings: WriteSettings,
+        window: WriteWindow | None,
+        nothing: bool = False,
+        arrow: bool = True,
+    ) -> pa.Table | pd.DataFrame | None:
+        """The window's rows (the whole table without one), in partition order."""
+        frame = self.frame(settings, window, nothing)
+        if frame is None:
+            return None
+        by_lower = {c.lower(): c for c in frame.columns}
+        order = [by_lower[c.lower()] for c in settings.partition_names if c.lower() in by_lower]
+        if order:
+            frame = frame.orderBy(*order)
+        return frame.toArrow() if arrow else frame.toPandas()
+
+
+def _time_column(table: _Table, region: Region) -> str | None:
+    """The column of the region's time spans (the one :data:`DAY` is derived from)."""
+    for box in region:
+        for cond in box:
+            if cond.spans:
+                return cond.column
+    return None
+
+
+def _literal(text: str) -> str:
+    """A Spark SQL string literal (Spark escapes with backslashes)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _day(column: str, kind: pa.DataType) -> Any:
+    """The UTC day of a timestamp column, as Spark computes it whatever the session's zone."""
+    if kind.tz is None:
+        return F.to_date(F.col(column))
+    micros = F.unix_micros(F.col(column))
+    return F.date_from_unix_date(F.floor(micros / 86_400_000_000).cast("int"))
+
+
+class SparkTransaction:
+    """One publish: a staged version directory, guards as Spark jobs, one metastore commit."""
+
+    def __init__(self, backend: SparkBackend, where: str) -> None:
+        """Publish through ``backend``'s session."""
+        self.backend = backend
+        self.spark = backend.spark
+        self.where = where
+        self.evaluator = SparkEvaluator(self.spark)
+        self.committed: dict[str, Any] = {}
+        self._table: _Table | None = None
+        self._staged: DataFrame | None = None
+        self._duck: DuckDBEvaluator | None = None
+        self._stage_dir: str | None = None
+        self._struct: T.StructType | None = None
+        self._layout: tuple[str, ...] = ()
+        self._plan: _Plan | None = None
+        self._done = False
+
+    # Reading ------------------------------------------------------------------------------
+
+    def _current(self) -> _Table:
+        if self._table is None:
+            raise RuntimeError("describe() reads the table before anything else")
+        return self._table
+
+    def describe(self, settings: WriteSettings) -> Snapshot:
+        """Read the table's columns, owner, layout and commit counter from the catalog."""
+        table = self.backend.table(settings.schema, settings.table)
+        self._table = table
+        self._owner = settings.asset
+        local = table.root.startswith("file:")
+        property_sql = f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ('{OWNER}' = '{{asset}}')"
+        return Snapshot(
+            table=TableRef.of(settings),
+            columns=table.columns if table.exists else None,
+            owner=table.properties.get(OWNER),
+            # Only the commit that creates a table records its owner with its rows.
+            claimable=not table.exists,
+            handover=f'spark.sql("{property_sql}")',
+            path_limit=255 if local else None,
+            layout=tuple(c for c in table.layout if c != DAY),
+        )
+
+    def stage(self, batch: pa.Table | DataFrame, fitted: Fitted) -> Staged:
+        """The batch as stored, where the guards read it.
+
+        A Spark DataFrame is written once into a fresh version directory, and the guards' Spark
+        jobs and the write read that copy (a DataFrame evaluated twice can differ). An Arrow
+        batch is already whole in the driver: the guards judge it in the embedded DuckDB, and
+        Spark reads it as local data, written once by the write.
+        """
+        table = self._current()
+        settings = fitted.settings
+        types = {f.stored_name: f.stored_type for f in fitted.columns}
+        order = list(fitted.order)
+        local = None
+        if isinstance(batch, pa.Table):
+            local = stored_rows(batch, fitted)
+            frame = self.spark.createDataFrame(local, schema=spark_schema(local.schema))
+        else:
+            by_name = {f.stored_name: f for f in fitted.columns}
+            frame = batch.select(
+                *[F.col(f"`{by_name[c].name}`").cast(spark_type(types[c])).alias(c) for c in order]
+            )
+        time_column = settings.time_column if settings.partition_columns else None
+        if table.exists:
+            layout = table.layout
+        else:
+            kind = types.get(time_column) if time_column else None
+            timestamp = kind is not None and pa.types.is_timestamp(kind)
+            layout = new_layout(time_column, timestamp, list(settings.partition_names))
+        if DAY in layout:
+            assert time_column is not None
+            frame = frame.withColumn(DAY, _day(time_column, types[time_column]))
+        self._layout = layout
+        data = [c for c in order if c not in layout]
+        fields = {f.name: f for f in frame.schema}
+        self._struct = T.StructType([fields[c] for c in (*data, *layout)])
+        if local is not None:
+            self._staged = frame
+            self._duck = embedded()
+            return Staged(relation=self._duck.register(local), evaluator=self._duck)
+        self._stage_dir = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+        self._write(frame, self._stage_dir)
+        self._staged = self._read(self._stage_dir)
+        return Staged(relation=self.evaluator.register(self._staged), evaluator=self.evaluator)
+
+    def _write(self, frame: DataFrame, location: str) -> None:
+        """One job writes ``frame`` into a directory nobody reads yet, by the table's layout."""
+        writer = frame.write.mode("errorifexists").format("parquet")
+        if self._layout:
+            writer = writer.partitionBy(*self._layout)
+        writer.save(location)
+        # An empty batch writes no file: the directory must still be there to be read.
+        catalog.make_directory(self.spark, location)
+
+    def _read(self, location: str) -> DataFrame:
+        assert self._struct is not None
+        return self.spark.read.schema(self._struct).format("parquet").load(location)
+
+    def summarize(self, scope: Scope, final: bool = False) -> Summary:
+        """Rows the window holds now, and for a merge its keys' rows in and outside it."""
+        table = self._current()
+        if not table.exists:
+            return Summary()
+        ev = self.evaluator
+        current = ev.register(self.backend.window(table, scope.region), "idem_target_")
+        existing = self._counts(current, scope)
+        if scope.settings.mode != "merge":
+            return Summary(existing=existing)
+        assert self._staged is not None
+        keys = self._staged.select(*[F.col(f"`{k}`") for k in scope.key]).distinct()
+        stored = self.backend.window(table, scope.region)
+        hits = ev.register(stored.join(keys, scope.key, "left_semi"), "idem_target_")
+        matched = self._counts(hits, scope)
+        elsewhere, sample = 0, None
+        if scope.pcols:
+            outside = ev.frame(
+                sql.select((table.db, table.name), list(table.columns), scope.region, negate=True)
+            )
+            living = outside.join(keys, scope.key, "left_semi")
+            elsewhere = living.count()
+            if elsewhere:
+                sample = living.limit(5).toArrow()
+        return Summary(existing, matched, elsewhere, sample)
+
+    def _counts(self, relation: str, scope: Scope) -> Counts:
+        ev = self.evaluator
+        if scope.cells:
+            return {
+                k: int(n)
+                for k, n in ev.rows(
+                    statements.count_by_partition(relation, scope.cells, dialect="spark")
+                )
+            }
+        return {
+            None: int(ev.one(statements.count_window(relation, scope.region, dialect="spark"))[0])
+        }
+
+    # Writing ------------------------------------------------------------------------------
+
+    def write(self, plan: WritePlan, on_stage: Any) -> Written:
+        """The window as it will be, in a version directory; the commit makes it visible."""
+        scope = plan.scope
+        settings = scope.settings
+        table = self._current()
+        assert self._staged is not None and self._struct is not None
+        order = list(scope.fitted.order)
+        batch = self._staged.select(*[F.col(f"`{c}`") for c in order])
+        rows: int | None = None
+        if settings.mode == "merge" and settings.dedupe_order_by:
+            by = settings.dedupe_order_by
+            if self._duck is not None:
+                q = statements.dedupe(scope.staged.relation.strip('"'), scope.key, by, order)
+                kept = self._duck.arrow(q)
+                rows = kept.num_rows
+                batch = self.spark.createDataFrame(kept, schema=self._data_struct(order))
+            else:
+                q = statements.dedupe(scope.staged.relation, scope.key, by, order, dialect="spark")
+                batch = self.evaluator.frame(q)
+        if rows is None and settings.mode == "merge":
+            # An overwrite's rows are the window's once written (the guards refused any other).
+            rows = batch.count()
+        on_stage("deleted")
+        layout, time_column = self._layout, scope.time_column
+        existing = (
+            catalog.partitions(self.spark, table.db, table.name) if table.exists and layout else {}
+        )
+        touched = {s: loc for s, loc in existing.items() if meets(scope.region, s, time_column)}
+        partial = [s for s in touched if not covers(scope.region, s, time_column)]
+        window = batch
+        kept_in_window = settings.mode == "merge" and table.exists and not settings.delete_missing
+        if kept_in_window:
+            current = self._as_batch(self.backend.window(table, scope.region), order)
+            window = window.unionByName(
+                current.join(batch.select(*scope.key), scope.key, "left_anti")
+            )
+        if partial:
+            outside = self.evaluator.frame(
+                sql.select((table.db, table.name), list(table.columns), scope.region, negate=True)
+            )
+            types = scope.fitted.partition_types
+
+            def column(c: str) -> Any:
+                if c == DAY and time_column:
+                    return _day(time_column, types[time_column])
+                return F.col(f"`{c}`")
+
+            def in_spec(spec: Spec) -> Any:
+                values = dict(spec)
+                terms = [column(c).cast("string") == F.lit(values[c.lower()]) for c in layout]
+                return reduce(operator.and_, terms)
+
+            keep = reduce(operator.or_, [in_spec(s) for s in partial])
+            window = window.unionByName(self._as_batch(outside.where(keep), order))
+        if self._stage_dir is None or kept_in_window or partial or settings.dedupe_order_by:
+            version = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+            frame = window
+            if DAY in layout:
+                assert time_column is not None
+                frame = frame.withColumn(
+                    DAY, _day(time_column, scope.fitted.partition_types[time_column])
+                )
+            self._write(frame, version)
+            written = self._read(version)
+        else:
+            version, written = self._stage_dir, self._staged
+        moves: dict[Spec, str] = {}
+        if layout:
+            for spec in catalog.written_partitions(self.spark, version, layout):
+                moves[spec] = directory(version, spec, layout)
+            for spec in touched:
+                if spec not in moves:
+                    # A window partition the batch empties: an empty directory of its own.
+                    moves[spec] = directory(version, spec, layout)
+                    catalog.make_directory(self.spark, moves[spec])
+        added = [
+            (c.column, spark_type(c.type).simpleString())
+            for c in scope.fitted.changes
+            if c.action == "add_column"
+        ]
+        replaced = (
+            [touched[s] for s in touched] if layout else ([table.location] if table.exists else [])
+        )
+        self._plan = _Plan(
+            version=version,
+            create=plan.create,
+            moves=moves,
+            missing=[s for s in moves if s not in existing],
+            added=added,
+            order=order,
+            struct=self._struct,
+            replaced=replaced,
+        )
+        fingerprints = self._fingerprints(written, scope)
+        if rows is None:
+            rows = sum(n for n, _ in fingerprints.values())
+        return Written(rows=rows, fingerprints=fingerprints)
+
+    def _data_struct(self, order: Sequence[str]) -> T.StructType:
+        """The batch's columns as Spark types, in ``order``."""
+        assert self._struct is not None
+        fields = {f.name: f for f in self._struct}
+        return T.StructType([fields[c] for c in order])
+
+    def _as_batch(self, frame: DataFrame, order: Sequence[str]) -> DataFrame:
+        """Stored rows in the batch's columns (NULL in a column this publish adds)."""
+        assert self._struct is not None
+        types = {f.name: f.dataType for f in self._struct}
+        have = set(frame.columns)
+        return frame.select(
+            *[F.col(f"`{c}`") if c in have else F.lit(None).cast(types[c]).alias(c) for c in order]
+        )
+
+    def _fingerprints(self, written: DataFrame, scope: Scope) -> Fingerprints:
+        ev = self.evaluator
+        names = list(scope.fitted.order)
+        view = ev.register(written, "idem_target_")
+        if scope.cells:
+            q = sql.partition_fingerprints(view, names, scope.cells)
+            return {k: (int(n), int(d)) for k, n, d in ev.rows(q)}
+        count, digest = ev.one(sql.fingerprint(view, names, scope.region))
+        return {None: (int(count), int(digest))}
+
+    # Committing ---------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Make the version directory the window: create, or swap every partition at once."""
+        plan = self._plan
+        if plan is None:
+            return
+        table = self._current()
+        with table_lock(self.spark, f"{table.db}.{table.name}"):
+            self._commit(table, plan)
+        spark = self.spark
+        self.committed = {"spark_table_version": table.version + 1, "spark_location": plan.version}
+        for location in plan.replaced:
+            catalog.remove(spark, location)
+        if self._stage_dir != plan.version and self._stage_dir is not None:
+            catalog.remove(spark, self._stage_dir)
+
+    def _commit(self, table: _Table, plan: _Plan) -> None:
+        """The catalog calls of the commit, under the table's lock."""
+        spark = self.spark
+        if plan.create:
+            self._create(table, plan)
+        else:
+            now = catalog.version(spark, table.db, table.name, VERSION)
+            if now != table.version:
+                raise CommitConflict(
+                    f"table {table.db}.{table.name} was committed to by another writer"
+                    f" (version {table.version} -> {now}) while this one wrote"
+                )
+            properties = {VERSION: str(table.version + 1), COLUMNS: json.dumps(plan.order)}
+            spark.sql(
+                f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ({_properties(properties)})"
+            )
+            if plan.added:
+                columns = ", ".join(f"`{c}` {t}" for c, t in plan.added)
+                spark.sql(f"ALTER TABLE {table.qualified} ADD COLUMNS ({columns})")
+            if self._layout:
+                self._add_placeholders(table, plan)
+                catalog.move_partitions(spark, table.db, table.name, plan.moves)
+            else:
+                spark.sql(f"ALTER TABLE {table.qualified} SET LOCATION {_literal(plan.version)}")
+        # Visible now: from here on, the version directory is the table's.
+        self._done = True
+        spark.catalog.refreshTable(table.qualified)
+
+    def _create(self, table: _Table, plan: _Plan) -> None:
+        """Create the table holding the window, owned by the asset, in two catalog calls."""
+        spark = self.spark
+        self.backend.create_database(table.db)
+        data = [f for f in plan.struct if f.name not in self._layout]
+        parts = [f for f in plan.struct if f.name in self._layout]
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in (*data, *parts))
+        partitioned = (
+            f" PARTITIONED BY ({', '.join(f'`{c}`' for c in self._layout)})" if self._layout else ""
+        )
+        location = table.root if self._layout else plan.version
+        assert self._owner is not None
+        properties = {
+            OWNER: self._owner,
+            VERSION: "1",
+            COLUMNS: json.dumps(plan.order),
+            ROOT: table.root,
+        }
+        try:
+            spark.sql(
+                f"CREATE TABLE {table.qualified} ({columns}) USING parquet{partitioned}"
+                f" LOCATION {_literal(location)} TBLPROPERTIES ({_properties(properties)})"
+            )
+        except AnalysisException as exc:
+            if "ALREADY_EXISTS" in str(exc) or "already exists" in str(exc):
+                raise CommitConflict(
+                    f"table {table.db}.{table.name} was created meanwhile"
+                ) from exc
+            raise
+        if plan.moves:
+            adds = " ".join(
+                f"PARTITION ({_spec_sql(spec)}) LOCATION {_literal(loc)}"
+                for spec, loc in plan.moves.items()
+            )
+            spark.sql(f"ALTER TABLE {table.qualified} ADD {adds}")
+
+    def _add_placeholders(self, table: _Table, plan: _Plan) -> None:
+        """Register partitions the table lacks on empty directories: readers see no change."""
+        if not plan.missing:
+            return
+        empty = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+        adds = []
+        for spec in plan.missing:
+            location = directory(empty, spec, self._layout)
+            catalog.make_directory(self.spark, location)
+            adds.append(f"PARTITION ({_spec_sql(spec)}) LOCATION {_literal(location)}")
+            plan.replaced.append(location)
+        self.spark.sql(f"ALTER TABLE {table.qualified} ADD IF NOT EXISTS {' '.join(adds)}")
+
+    _owner: str | None = None
+
+    def abort(self) -> None:
+        """Delete what this publish wrote, unless its commit made it visible."""
+        if self._done:
+            return
+        for location in {self._stage_dir, self._plan.version if self._plan else None}:
+            if location:
+                catalog.remove(self.spark, location)
+
+    def close(self) -> None:
+        """Drop the views this publish registered."""
+        self.evaluator.release()
+        if self._duck is not None:
+            try:
+                self._duck.release()
+            finally:
+                self._duck.conn.close()
+
+
+def _properties(values: Mapping[str, str]) -> str:
+    return ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in values.items())
+
+
+def _spec_sql(spec: Spec) -> str:
+    return ", ".join(f"`{c}` = {_literal(v)}" for c, v in spec)

@@ -1,0 +1,205 @@
+"""Spark's catalog and file system through its JVM: partition locations, one-call swaps, files.
+
+SQL can move one partition at a time (``ALTER TABLE ... PARTITION ... SET LOCATION``); the
+window's partitions move together only through ``SessionCatalog.alterPartitions``, which a Hive
+metastore runs as one ``alter_partitions`` transaction. That API is Spark's own, not public, so
+the ``spark`` extra pins Spark's minor version and this module is the only one that uses it.
+"""
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+#: A partition as the catalog names it: ``(column, value)`` pairs in the table's column order.
+Spec = tuple[tuple[str, str], ...]
+
+
+def _catalog(spark: SparkSession) -> Any:
+    return spark._jsparkSession.sessionState().catalog()  # type: ignore[union-attr]
+
+
+def _jvm(spark: SparkSession) -> Any:
+    return spark._jvm  # type: ignore[attr-defined]
+
+
+def _ident(spark: SparkSession, db: str, table: str) -> Any:
+    jvm = _jvm(spark)
+    return jvm.org.apache.spark.sql.catalyst.TableIdentifier.apply(
+        table, jvm.scala.Option.apply(db)
+    )
+
+
+def _scala_map(spark: SparkSession, items: Mapping[str, str]) -> Any:
+    jvm = _jvm(spark)
+    found = jvm.java.util.HashMap()
+    for k, v in items.items():
+        found.put(k, v)
+    # Scala 2.13's immutable.Map.from; "from" is a Python keyword.
+    return getattr(jvm.scala.collection.immutable.Map, "from")(
+        jvm.scala.jdk.javaapi.CollectionConverters.asScala(found)
+    )
+
+
+def _scala_list(spark: SparkSession, items: Sequence[Any]) -> Any:
+    jvm = _jvm(spark)
+    found = jvm.java.util.ArrayList()
+    for item in items:
+        found.add(item)
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(found).toList()
+
+
+def _as_dict(spark: SparkSession, scala_map: Any) -> dict[str, str]:
+    java = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(scala_map)
+    return {str(k): str(java.get(k)) for k in java.keySet()}
+
+
+def table_info(
+    spark: SparkSession, db: str, table: str
+) -> tuple[str, tuple[str, ...], dict[str, str], T.StructType] | None:
+    """The table's location, partition columns, properties and schema; ``None``: no table."""
+    catalog, ident = _catalog(spark), _ident(spark, db, table)
+    if not catalog.tableExists(ident):
+        return None
+    meta = catalog.getTableMetadata(ident)
+    names = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(meta.partitionColumnNames())
+    return (
+        str(meta.location().toString()),
+        tuple(str(n) for n in names),
+        _as_dict(spark, meta.properties()),
+        T.StructType.fromJson(json.loads(meta.schema().json())),
+    )
+
+
+def table_exists(spark: SparkSession, db: str, table: str) -> bool:
+    """Whether the catalog holds the table (without an error logged when it does not)."""
+    return bool(_catalog(spark).tableExists(_ident(spark, db, table)))
+
+
+def version(spark: SparkSession, db: str, table: str, key: str) -> int:
+    """The table's commit counter as the metastore holds it now."""
+    meta = _catalog(spark).getTableMetadata(_ident(spark, db, table))
+    found = meta.properties().get(key)
+    return int(found.get()) if found.isDefined() else 0
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "%" and i + 2 < len(text) + 0 and _is_hex(text[i + 1 : i + 3]):
+            out.append(chr(int(text[i + 1 : i + 3], 16)))
+            i += 3
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def written_partitions(spark: SparkSession, location: str, layout: Sequence[str]) -> list[Spec]:
+    """The partitions a write left in ``location``, read from its directory names."""
+    fs, path = _path(spark, location)
+    pattern = _jvm(spark).org.apache.hadoop.fs.Path(location + "/*" * len(layout))
+    found = fs.globStatus(pattern) if fs.exists(path) else None
+    specs: list[Spec] = []
+    for status in found or []:
+        if not status.isDirectory():
+            continue
+        parts = str(status.getPath().toString()).rstrip("/").split("/")[-len(layout) :]
+        pairs = [p.split("=", 1) for p in parts]
+        if all(len(p) == 2 for p in pairs):
+            specs.append(tuple(sorted((_unescape(k).lower(), _unescape(v)) for k, v in pairs)))
+    return specs
+
+
+def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, str]:
+    """Every partition of the table with its location, read from the metastore now."""
+    found: dict[Spec, str] = {}
+    listed = _catalog(spark).listPartitions(
+        _ident(spark, db, table), _jvm(spark).scala.Option.empty()
+    )
+    for i in range(listed.size()):
+        part = listed.apply(i)
+        spec = _as_dict(spark, part.spec())
+        found[tuple(sorted((k.lower(), v) for k, v in spec.items()))] = str(
+            part.storage().locationUri().get().toString()
+        )
+    return found
+
+
+#: Statistics of a partition's files, which describe the replaced directory after a swap.
+_STATISTICS = ("totalSize", "numFiles", "numRows", "rawDataSize")
+
+
+def move_partitions(spark: SparkSession, db: str, table: str, moves: Mapping[Spec, str]) -> None:
+    """Point every partition in ``moves`` at its new location in one catalog call."""
+    jvm, catalog, ident = _jvm(spark), _catalog(spark), _ident(spark, db, table)
+    moved = []
+    for spec, location in moves.items():
+        part = catalog.getPartition(ident, _scala_map(spark, dict(spec)))
+        storage = part.storage()
+        fields = [storage.productElement(i) for i in range(storage.productArity())]
+        fields[0] = jvm.scala.Option.apply(jvm.java.net.URI(location))
+        params = _as_dict(spark, part.parameters())
+        kept = {k: v for k, v in params.items() if k not in _STATISTICS}
+        moved.append(
+            part.copy(
+                part.spec(),
+                storage.copy(*fields),
+                _scala_map(spark, kept),
+                part.createTime(),
+                part.lastAccessTime(),
+                jvm.scala.Option.empty(),
+            )
+        )
+    catalog.alterPartitions(ident, _scala_list(spark, moved))
+
+
+def _path(spark: SparkSession, location: str) -> tuple[Any, Any]:
+    jvm = _jvm(spark)
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    conf = spark._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    return path.getFileSystem(conf), path
+
+
+def make_directory(spark: SparkSession, location: str) -> None:
+    """Create ``location`` (and its parents) on the table's file system."""
+    fs, path = _path(spark, location)
+    fs.mkdirs(path)
+
+
+def exists(spark: SparkSession, location: str) -> bool:
+    """Whether ``location`` exists."""
+    fs, path = _path(spark, location)
+    return bool(fs.exists(path))
+
+
+def remove(spark: SparkSession, location: str) -> None:
+    """Delete ``location`` and everything under it; a missing one is no error."""
+    fs, path = _path(spark, location)
+    try:
+        fs.delete(path, True)
+    except Exception:
+        pass
+
+
+def qualified(spark: SparkSession, location: str) -> str:
+    """``location`` as a full URI of its file system (``file:/...`` for a local path)."""
+    fs, path = _path(spark, location)
+    return str(fs.makeQualified(path).toString())
+
+
+def partition_created(
+    spark: SparkSession, db: str, table: str, spec: Mapping[str, str]
+) -> float | None:
+    """When a partition was added (seconds since the epoch), ``None`` if it is gone."""
+    external = spark._jsparkSession.sharedState().externalCatalog()  # type: ignore[union-attr]
+    found = external.getPartitionOption(db, table, _scala_map(spark, spec))
+    if not found.isDefined():
+        return None
+    return float(found.get().createTime()) / 1000

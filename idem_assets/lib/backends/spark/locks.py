@@ -1,0 +1,94 @@
+"""A lock per table that works on any Hive metastore: a partition only one writer can add.
+
+A metastore keeps a partition's spec unique, so ``ALTER TABLE idem_meta.locks ADD PARTITION
+(name = 'db.t')`` succeeds for exactly one writer; the others wait until it is dropped. The
+lock is held only for a publish's commit (a few metastore calls), never while Spark computes.
+A writer killed while holding it leaves it behind: a lock older than :data:`LEASE_S` is taken
+over (the metastore's own clock dates it).
+"""
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+
+from idem_assets.lib.backends.spark import catalog
+
+DATABASE = "idem_meta"
+TABLE = "locks"
+#: How long a commit waits for another's lock before it gives up.
+WAIT_S = 120.0
+#: A lock this old belongs to a writer that died: commits hold it for seconds.
+LEASE_S = 60.0
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _ensure(spark: SparkSession) -> None:
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    try:
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {DATABASE}.{TABLE} (holder STRING, name STRING)"
+            " USING parquet PARTITIONED BY (name)"
+        )
+    except AnalysisException as exc:
+        # Another writer created it between the check and the creation.
+        if "ALREADY_EXISTS" not in str(exc):
+            raise
+
+
+@contextmanager
+def table_lock(spark: SparkSession, name: str) -> Iterator[None]:
+    """Hold the lock of table ``name`` (``db.table``) for the body."""
+    spec = f"PARTITION (name = {_literal(name)})"
+    if not catalog.table_exists(spark, DATABASE, TABLE):
+        _ensure(spark)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            spark.sql(f"ALTER TABLE {DATABASE}.{TABLE} ADD {spec}")
+            break
+        except AnalysisException as exc:
+            if "NOT_FOUND" in str(exc):
+                # The first commit on this metastore: the locks' table is made once.
+                _ensure(spark)
+                continue
+            if _contended(exc) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            if "ALREADY_EXIST" not in str(exc) or time.monotonic() > deadline:
+                raise
+        created = catalog.partition_created(spark, DATABASE, TABLE, {"name": name})
+        if created is not None and time.time() - created > LEASE_S:
+            spark.sql(f"ALTER TABLE {DATABASE}.{TABLE} DROP IF EXISTS {spec}")
+            continue
+        time.sleep(0.1)
+    try:
+        yield
+    finally:
+        _release(spark, spec)
+
+
+def _contended(exc: Exception) -> bool:
+    """Whether the metastore's own database refused a statement for a concurrent one.
+
+    Derby, a metastore's database in tests, reports two writers of the locks' table as a
+    deadlock and rolls one back: that writer tries again.
+    """
+    text = str(exc)
+    return "deadlock" in text or "lock could not be obtained" in text
+
+
+def _release(spark: SparkSession, spec: str, attempts: int = 20) -> None:
+    for attempt in range(attempts):
+        try:
+            spark.sql(f"ALTER TABLE {DATABASE}.{TABLE} DROP IF EXISTS {spec}")
+            return
+        except AnalysisException as exc:
+            if not _contended(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.1)
