@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test test-fast test-full dev lint bench clean browser-deps
+.PHONY: demo test test-fast test-full peer-suites dev lint bench clean browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test-full: $(STAMP) postgres-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/iceberg tests/conformance -q -p no:cacheprovider -k iceberg -m "not full"
 	IDEM_FULL=1 $(BIN)/python -m pytest -m full -q -p no:cacheprovider
 	IDEM_PARALLEL_DAYS=31 $(BIN)/python -m pytest tests/e2e/test_parallel_backfill.py -q -p no:cacheprovider
+	$(MAKE) peer-suites
+
+# Dagster's own DuckDB and Delta IO manager test suites at the installed versions, fetched with
+# pip: as published against the peers (all must pass), then with ours swapped in (about 5 minutes).
+peer-suites: $(STAMP)
+	$(BIN)/python scripts/peer_suites.py --min-swapped 31
 
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
 browser-deps:
