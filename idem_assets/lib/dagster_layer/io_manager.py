@@ -16,6 +16,7 @@ from pydantic import Field
 
 from idem_assets.lib.dagster_layer.data_versions import record_data_version
 from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
+from idem_assets.lib.dagster_layer.op_outputs import op_settings, op_window
 from idem_assets.lib.model.errors import MissingUpstreamError
 from idem_assets.lib.model.settings import (
     WriteMode,
@@ -75,6 +76,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
 
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
+        if not context.has_asset_key and out is not None:
+            return op_settings(context, out, self.mode, self.schema_)
         metadata = out.definition_metadata if out is not None else {}
         return resolve_settings(
             asset_key=context.asset_key,
@@ -84,16 +87,26 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             partitions_def=context.asset_partitions_def if context.has_asset_partitions else None,
         )
 
+    def _window(
+        self, context: dg.OutputContext | dg.InputContext, settings: WriteSettings
+    ) -> WriteWindow | None:
+        """The run's window of an asset's partitions, or of an op output's partitioned run."""
+        if not context.has_asset_key:
+            return op_window(context, settings)
+        return window_from_context(context, settings.asset)
+
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         """Publish the batch: guards, then replace the run's window in one transaction."""
         settings = self._settings(context)
-        window = window_from_context(context, settings.asset)
+        window = self._window(context, settings)
         batch = to_arrow(obj, settings.asset)
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
         context.add_output_metadata(
             {**publish_metadata(result, settings, window), **result.committed}
         )
+        if not context.has_asset_key:
+            return
         record_data_version(context, result.fingerprint)
         # A range run yields one materialization per partition. Dagster copies the output
         # metadata onto each of them, so the day's own counts go on each one by key.
@@ -113,7 +126,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         as Arrow without a pass through pandas; any other input gets a pandas DataFrame.
         """
         settings = self._settings(context)
-        window = window_from_context(context, settings.asset)
+        window = self._window(context, settings)
         frame_type = context.dagster_type.typing_type
         want_arrow = reads_arrow(frame_type)
         # A partition mapping can map to no upstream partition at all (the first day of a
@@ -131,7 +144,13 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
                     " run reads), then rerun."
                 )
-            if window and settings.partition_columns and not maps_to_nothing:
+            # The instance records no materialization of an op's output: only assets are checked.
+            if (
+                window
+                and settings.partition_columns
+                and context.has_asset_key
+                and not maps_to_nothing
+            ):
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
