@@ -63,3 +63,30 @@ def test_a_peer_setting_that_makes_a_rerun_unsafe_is_refused_with_the_fix(
     with pytest.raises(ia.ConfigurationError, match=message.replace("(", r"\(")):
         ia.DeltaOverwriteIOManager(**fields)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ({"mode": "append"}, "Append is what this IO manager prevents"),
+        ({"mode": "error"}, "Fix: remove 'mode' from the metadata"),
+        ({"overwrite_schema": True}, "Fix: remove 'overwrite_schema'"),
+        ({"custom_metadata": {"userName": "John Doe"}}, "Fix: move it to the IO manager"),
+    ],
+)
+def test_a_peer_metadata_key_is_refused_and_the_table_keeps_its_rows(
+    tmp_path: Path, metadata: dict[str, Any], message: str
+) -> None:
+    manager = ia.DeltaOverwriteIOManager(root=str(tmp_path))
+    assert dg.materialize([scores], resources={"io_manager": manager}).success
+
+    @dg.asset(key_prefix=["peers"], name="scores", metadata=metadata)
+    def appended() -> pa.Table:
+        return pa.table({"a": [1, 2, 3], "b": [4, 5, 6]})
+
+    with pytest.raises(ia.ConfigurationError, match=message) as refused:
+        dg.materialize([appended], resources={"io_manager": manager})
+    assert str(refused.value).startswith("Refused to write asset 'peers/scores': metadata")
+    assert "Nothing was changed." in str(refused.value)
+    assert rows(tmp_path / "peers" / "scores") == [(1, 4), (2, 5), (3, 6)]
+    assert len(DeltaTable(str(tmp_path / "peers" / "scores")).history()) == 1

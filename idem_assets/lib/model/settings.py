@@ -35,6 +35,12 @@ ALLOW_RUNTIME_COLUMNS = "allow_runtime_columns"
 SCHEMA = "schema"
 SCHEMA_EVOLUTION = "schema_evolution"
 
+#: dagster-deltalake's metadata keys: each is refused with why (see _refuse_peer_keys).
+PEER_MODE = "mode"
+PEER_MODES = frozenset({"append", "error", "ignore"})
+OVERWRITE_SCHEMA = "overwrite_schema"
+CUSTOM_METADATA = "custom_metadata"
+
 #: The schema of an asset whose key has no prefix and whose IO manager names none.
 DEFAULT_SCHEMA = "main"
 
@@ -221,6 +227,7 @@ def resolve_settings(
     """
     md = dict(metadata or {})
     asset = asset_key.to_user_string()
+    _refuse_peer_keys(md, asset)
     table = validate_identifier(asset_key.path[-1], f"Asset '{asset}': table name")
     prefix = asset_key.path[-2] if len(asset_key.path) > 1 else None
     schema = validate_identifier(
@@ -268,6 +275,41 @@ def resolve_settings(
         schema_evolution=schema_evolution(md.get(SCHEMA_EVOLUTION), asset),
         timezone=_timezone(partitions_def),
     )
+
+
+def _refuse_peer_keys(md: Mapping[str, Any], asset: str) -> None:
+    """Refuse dagster-deltalake's metadata keys that would change how a rerun writes."""
+    mode = _raw(md.get(PEER_MODE))
+    if isinstance(mode, str) and mode in PEER_MODES:
+        raise ConfigurationError(
+            f"Refused to write asset '{asset}': metadata {{'{PEER_MODE}': {mode!r}}} asks for"
+            f" dagster-deltalake's '{mode}' write. "
+            + (
+                "Append is what this IO manager prevents: a rerun would add the partition's"
+                " rows again."
+                if mode == "append"
+                else "It would make a rerun fail, or keep the rows it should replace."
+            )
+            + f" Nothing was changed. Fix: remove '{PEER_MODE}' from the metadata (every"
+            " publish replaces the run's partitions in one commit); to add rows without"
+            " removing others, use the merge IO manager with metadata={'primary_key':"
+            " ['id'], 'delete_missing': False}."
+        )
+    if _raw(md.get(OVERWRITE_SCHEMA)):
+        raise ConfigurationError(
+            f"Refused to write asset '{asset}': metadata '{OVERWRITE_SCHEMA}' would replace the"
+            " table's schema, and every other partition's columns with it. Nothing was"
+            f" changed. Fix: remove '{OVERWRITE_SCHEMA}' and set metadata={{'{SCHEMA_EVOLUTION}':"
+            " 'add_columns'}} to let a publish add the batch's new columns; other changes are"
+            " migrations the refusal of the batch prints."
+        )
+    if md.get(CUSTOM_METADATA) is not None:
+        raise ConfigurationError(
+            f"Refused to write asset '{asset}': metadata '{CUSTOM_METADATA}' is read from the"
+            " IO manager here, for every commit it makes. Nothing was changed. Fix: move it to"
+            " the IO manager, ia.DeltaOverwriteIOManager(root=..., custom_metadata={...}), and"
+            f" remove '{CUSTOM_METADATA}' from the metadata."
+        )
 
 
 def _timezone(partitions_def: dg.PartitionsDefinition | None) -> str:
