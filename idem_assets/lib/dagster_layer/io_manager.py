@@ -37,6 +37,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     """Dagster plumbing over a backend; subclasses open it and choose the write mode."""
 
     mode: ClassVar[WriteMode]
+    #: The ``dagster/storage_kind`` of the tables (the UI's storage tag), as Dagster spells it.
+    storage_kind: ClassVar[str] = ""
 
     schema_: str | None = Field(
         default=None,
@@ -55,6 +57,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     def _location(self) -> str:
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
+
+    def _table_name(self, settings: WriteSettings) -> str:
+        """``dagster/table_name``: the table, qualified as Dagster's IO manager for it does."""
+        return f"{settings.schema}.{settings.table}"
 
     def relocated(self, directory: Path) -> Self | None:
         """This IO manager with its tables under ``directory``; ``None`` if they cannot move.
@@ -103,7 +109,11 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
         context.add_output_metadata(
-            {**publish_metadata(result, settings, window), **result.committed}
+            {
+                **publish_metadata(result, settings, window),
+                **table_metadata(self._table_name(settings), self.storage_kind, batch.schema),
+                **result.committed,
+            }
         )
         if not context.has_asset_key:
             return
@@ -273,15 +283,30 @@ def publish_metadata(
         totals["partitions_written"] = len(result.partitions)
         totals["window"] = _window_text(window)
     if not result.per_partition:
+        if window is not None:
+            totals["dagster/partition_row_count"] = result.rows
         return {**md, **totals}
     totals["row_count"] = totals.pop("dagster/row_count")
     return {**md, **{f"range_{k}": v for k, v in totals.items()}}
+
+
+def table_metadata(table_name: str, storage_kind: str, schema: pa.Schema) -> dict[str, Any]:
+    """Dagster's table conventions: the qualified name, the storage kind, the columns written."""
+    columns = [dg.TableColumn(name=f.name, type=str(f.type)) for f in schema]
+    md: dict[str, Any] = {
+        "dagster/table_name": table_name,
+        "dagster/column_schema": dg.TableSchema(columns=columns),
+    }
+    if storage_kind:
+        md["dagster/storage_kind"] = storage_kind
+    return md
 
 
 def partition_metadata(part: PartitionResult, window: PartitionWindow) -> dict[str, Any]:
     """One partition's own metadata within a range publish."""
     return {
         "dagster/row_count": part.rows,
+        "dagster/partition_row_count": part.rows,
         "rows_inserted": part.inserted,
         "rows_updated": part.updated,
         "rows_deleted": part.deleted,

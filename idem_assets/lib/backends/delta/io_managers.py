@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from idem_assets.lib.backends.delta.backend import DeltaBackend
 from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
 from idem_assets.lib.model.errors import ConfigurationError
-from idem_assets.lib.model.settings import WriteMode
+from idem_assets.lib.model.settings import WriteMode, WriteSettings
 
 #: Storage options that let two writers both commit one version (delta-rs's unsafe rename).
 UNSAFE_OPTIONS = frozenset({"allow_unsafe_rename", "aws_s3_allow_unsafe_rename"})
@@ -129,8 +129,14 @@ class _DeltaIOManager(IdempotentIOManager):
         assert self.root is not None  # _peer_config refuses a manager without one
         return self.root
 
+    storage_kind: ClassVar[str] = "deltalake"
+
     def _location(self) -> str:
         return self.location
+
+    def _table_name(self, settings: WriteSettings) -> str:
+        """``deltalake.<schema>.<table>``, as dagster-deltalake names it."""
+        return f"deltalake.{settings.schema}.{settings.table}"
 
     def relocated(self, directory: Path) -> Self | None:
         """The same folder name, in ``directory``; tables on object storage stay where they are."""
