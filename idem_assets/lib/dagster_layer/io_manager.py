@@ -17,7 +17,8 @@ from pydantic import Field
 from idem_assets.lib.dagster_layer.data_versions import record_data_version
 from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
 from idem_assets.lib.dagster_layer.op_outputs import op_settings, op_window
-from idem_assets.lib.model.errors import MissingUpstreamError
+from idem_assets.lib.model.errors import ConfigurationError, MissingUpstreamError
+from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.settings import (
     WriteMode,
     WriteSettings,
@@ -31,6 +32,9 @@ from idem_assets.lib.model.windows import (
 )
 from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
 from idem_assets.lib.write.seam import Backend, TableRef
+
+#: The input metadata key that selects the columns an input loads (dagster-duckdb's).
+COLUMNS = "columns"
 
 
 class IdempotentIOManager(dg.ConfigurableIOManager):
@@ -142,8 +146,9 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         # A partition mapping can map to no upstream partition at all (the first day of a
         # self-dependent asset): that input is empty, never the whole table.
         maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
+        columns = input_columns(context, settings.asset)
         with self._backend() as backend:
-            loaded = backend.load(settings, window, maps_to_nothing, want_arrow)
+            loaded = backend.load(settings, window, maps_to_nothing, want_arrow, columns)
             if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
@@ -154,6 +159,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
                     " run reads), then rerun."
                 )
+            names = loaded.column_names if isinstance(loaded, pa.Table) else list(loaded.columns)
+            refuse_missing_columns(context, settings, columns, names)
             # The instance records no materialization of an op's output: only assets are checked.
             if (
                 window
@@ -192,6 +199,37 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             return pa.table({})
         assert isinstance(table, pa.Table)
         return table
+
+
+def input_columns(context: dg.InputContext, upstream: str) -> list[str] | None:
+    """The input's metadata ``columns`` (dagster-duckdb's selection), validated; ``None``: all."""
+    value = (context.definition_metadata or {}).get(COLUMNS)
+    value = value.value if isinstance(value, dg.MetadataValue) else value
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise ConfigurationError(
+            f"Input '{context.name}' reading asset '{upstream}': metadata '{COLUMNS}' must be a"
+            f" non-empty list of column names, got {value!r}. Fix:"
+            f" dg.AssetIn(metadata={{'{COLUMNS}': ['a', 'b']}})."
+        )
+    return [validate_identifier(c, f"Input '{context.name}': column in '{COLUMNS}'") for c in value]
+
+
+def refuse_missing_columns(
+    context: dg.InputContext, settings: WriteSettings, wanted: list[str] | None, got: list[str]
+) -> None:
+    """Refuse a selection naming columns the table lacks (the engine read only the others)."""
+    found = {c.lower() for c in got}
+    missing = [c for c in wanted or () if c.lower() not in found]
+    if missing:
+        kept = [c for c in wanted or () if c.lower() in found]
+        raise ConfigurationError(
+            f"Refused to load asset '{settings.asset}' for input '{context.name}': metadata"
+            f" '{COLUMNS}' names {missing}, which table {settings.schema}.{settings.table} does"
+            f" not have. Nothing was changed. Fix: metadata={{'{COLUMNS}': {kept!r}}}, or add"
+            " the column(s) to the upstream asset first."
+        )
 
 
 def _reader(context: dg.InputContext) -> dg.AssetsDefinition | None:

@@ -61,6 +61,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     WritePlan,
     Written,
+    selected_columns,
 )
 
 if TYPE_CHECKING:
@@ -204,22 +205,26 @@ class DeltaBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         found = self.open(self.uri(settings.schema, settings.table))
         if found is None:
             return None
         full = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
-        columns = {f.name: f.type for f in full if f.name != DAY_COLUMN}
+        stored = {f.name: f.type for f in full if f.name != DAY_COLUMN}
         name = f"{settings.schema}.{settings.table}"
         region = stored_region(
-            None if nothing else window, settings.partition_columns, columns, name
+            None if nothing else window, settings.partition_columns, stored, name
         )
-        by_lower = {c.lower(): c for c in columns}
+        by_lower = {c.lower(): c for c in stored}
         order = [by_lower.get(c.lower(), c) for c in settings.partition_names]
+        names = selected_columns(columns, stored)
         with _reading() as ev:
             target = _register(ev, found, found.metadata().partition_columns, region)
-            q, p = statements.select_window(target, list(columns), region, order, nothing)
+            q, p = statements.select_window(
+                target, list(stored) if names is None else names, region, order, nothing
+            )
             relation = ev.conn.sql(q, params=p)
             return relation.to_arrow_table() if arrow else relation.df()
 
