@@ -10,6 +10,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import dagster as dg
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
 
 from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.identifiers import validate_identifier
@@ -160,7 +163,45 @@ def partition_column(value: Any, asset: str) -> str | None:
 
 
 def _column(value: Any, asset: str, what: str) -> str:
+    if isinstance(value, str):
+        refuse_expression(value, asset, what)
     return validate_identifier(value, f"Asset '{asset}': {what} (a column name, not an expression)")
+
+
+def refuse_expression(value: str, asset: str, what: str) -> None:
+    """Refuse a SQL expression as a partition column, printing the column that replaces it.
+
+    The guards judge each row's partition, and the write deletes the window's rows, on the same
+    stored column; an expression would be evaluated by two engines (the guards' and the
+    table's), which need not agree on every value. The migration computes the column once, in
+    the asset, so the stored value is what both read.
+    """
+    try:
+        tree = sqlglot.parse_one(value, dialect="duckdb")
+    except ParseError:
+        return
+    used = sorted({c.name for c in tree.find_all(exp.Column)})
+    if isinstance(tree, exp.Column) or not used:
+        return
+    source = used[0]
+    if isinstance(tree, exp.Cast) and tree.to.is_type(exp.DataType.Type.DATE):
+        new, code = f"{source}_date", f"pd.to_datetime(df[{source!r}]).dt.date"
+    elif isinstance(tree, exp.StrToTime | exp.StrToDate) and tree.args.get("format") is not None:
+        fmt = tree.args["format"].name
+        new, code = f"{source}_at", f"pd.to_datetime(df[{source!r}], format={fmt!r})"
+    elif isinstance(tree, exp.UnixToTime):
+        new = f"{source}_at"
+        code = f"pd.to_datetime(df[{source!r}].astype('int64'), unit='s', utc=True)"
+    else:
+        new, code = f"{source}_at", f"pd.to_datetime(df[{source!r}])"
+    raise ConfigurationError(
+        f"Asset '{asset}': {what} is the SQL expression {value!r}, over column(s) {used}. The"
+        " guards and the window's delete must place every row in the same partition, so both"
+        " read a stored column, never an expression two engines evaluate. Nothing was changed."
+        f" Fix: compute the column in the asset, df[{new!r}] = {code} (pandas; a text date"
+        f" column stays refused as it is), and name it: metadata={{'{PARTITION_EXPR}':"
+        f" {new!r}}} (for a dg.MultiPartitionsDefinition, that dimension's entry)."
+    )
 
 
 def partition_columns(
