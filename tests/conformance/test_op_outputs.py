@@ -113,3 +113,22 @@ def test_an_op_outputs_rows_outside_the_runs_day_are_refused(store: Store) -> No
     with pytest.raises(ia.StrayRowsError, match="2 of 7 rows have 'event_at' outside the window"):
         daily.execute_in_process(partition_key=ALL_DAYS[0])
     assert no_table(store, "op_events")
+
+
+@dg.op(
+    ins={"numbers": dg.In(metadata={"columns": ["label"]})},
+    out=dg.Out(metadata={"table": "op_labels"}),
+)
+def labels(numbers: pa.Table) -> pa.Table:
+    assert numbers.column_names == ["label"]
+    return numbers
+
+
+@dg.graph
+def label() -> None:
+    labels(numbers())
+
+
+def test_an_op_input_loads_only_the_columns_its_in_selects(store: Store) -> None:
+    assert label.to_job(resource_defs=store.resources()).execute_in_process().success
+    assert store.rows("op_labels") == [("a",), ("b",), ("c",)]
