@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test test-fast test-full dev lint bench clean browser-deps
+.PHONY: demo test test-fast test-full peer-suites dev lint bench clean browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test-full: $(STAMP) browser-deps postgres-deps java-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest -m full -q -p no:cacheprovider
 	IDEM_PARALLEL_DAYS=31 $(BIN)/python -m pytest tests/e2e/test_parallel_backfill.py -q -p no:cacheprovider
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/e2e/test_backfills.py -q -p no:cacheprovider
+
+# Dagster's own DuckDB and Delta IO manager test suites at the installed versions, fetched with
+# pip: as published against the peers (all must pass), then with ours swapped in (about 5
+# minutes). make test-full runs it: tests/test_peer_suites.py is marked full.
+peer-suites: $(STAMP)
+	$(BIN)/python scripts/peer_suites.py --min-swapped 29
 
 # Debian's Chromium for tests/browser; without root it prints the command and the tests skip.
 browser-deps:

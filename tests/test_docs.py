@@ -86,6 +86,12 @@ RUN_BY: dict[str, dict[str, str]] = {
             "tests/defs/test_warehouse.py::test_the_documented_delta_switch_runs_as_printed"
         ),
     },
+    "docs/coming-from-dagster-io-managers.md": {
+        "make peer-suites": (
+            "tests/test_peer_suites.py::"
+            "test_make_peer_suites_runs_as_printed_and_the_page_quotes_its_counts"
+        ),
+    },
     "docs/iceberg.md": {
         "IDEM_WAREHOUSE=iceberg dg launch --job taxi_daily --partition 2026-01-01": (
             "tests/iceberg/test_warehouse_setting.py::test_the_docs_iceberg_switch_runs_as_printed"

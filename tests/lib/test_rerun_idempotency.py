@@ -151,9 +151,13 @@ def test_every_publish_reports_its_metadata(tmp_path: Path) -> None:
 
     with read(db) as conn:
         expected_fingerprint = fingerprint(conn, "trips", "2026-01-01")
+    columns = md.pop("dagster/column_schema")
+    assert [c.name for c in columns.columns][:2] == ["trip_id", "pickup_at"]
     assert md == {
         "dagster/row_count": 1000,
-        "dagster/table_name": "main.trips",
+        "dagster/partition_row_count": 1000,
+        "dagster/table_name": f"{db}.main.trips",
+        "dagster/storage_kind": "duckdb",
         "write_mode": "merge",
         "rows_inserted": 1000,
         "rows_updated": 0,

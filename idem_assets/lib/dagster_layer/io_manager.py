@@ -16,7 +16,9 @@ from pydantic import Field
 
 from idem_assets.lib.dagster_layer.data_versions import record_data_version
 from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
-from idem_assets.lib.model.errors import MissingUpstreamError
+from idem_assets.lib.dagster_layer.op_outputs import op_settings, op_window
+from idem_assets.lib.model.errors import ConfigurationError, MissingUpstreamError
+from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.settings import (
     WriteMode,
     WriteSettings,
@@ -31,11 +33,16 @@ from idem_assets.lib.model.windows import (
 from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
 from idem_assets.lib.write.seam import Backend, EngineBatch, TableRef
 
+#: The input metadata key that selects the columns an input loads (dagster-duckdb's).
+COLUMNS = "columns"
+
 
 class IdempotentIOManager(dg.ConfigurableIOManager):
     """Dagster plumbing over a backend; subclasses open it and choose the write mode."""
 
     mode: ClassVar[WriteMode]
+    #: The ``dagster/storage_kind`` of the tables (the UI's storage tag), as Dagster spells it.
+    storage_kind: ClassVar[str] = ""
 
     schema_: str | None = Field(
         default=None,
@@ -59,6 +66,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """What the asset returned as the publish takes it: Arrow, or a frame of the engine's."""
         return to_arrow(obj, asset)
 
+    def _table_name(self, settings: WriteSettings) -> str:
+        """``dagster/table_name``: the table, qualified as Dagster's IO manager for it does."""
+        return f"{settings.schema}.{settings.table}"
+
     def relocated(self, directory: Path) -> Self | None:
         """This IO manager with its tables under ``directory``; ``None`` if they cannot move.
 
@@ -79,6 +90,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
 
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
+        if not context.has_asset_key and out is not None:
+            return op_settings(context, out, self.mode, self.schema_)
         metadata = out.definition_metadata if out is not None else {}
         return resolve_settings(
             asset_key=context.asset_key,
@@ -88,16 +101,30 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             partitions_def=context.asset_partitions_def if context.has_asset_partitions else None,
         )
 
+    def _window(
+        self, context: dg.OutputContext | dg.InputContext, settings: WriteSettings
+    ) -> WriteWindow | None:
+        """The run's window of an asset's partitions, or of an op output's partitioned run."""
+        if not context.has_asset_key:
+            return op_window(context, settings)
+        return window_from_context(context, settings.asset)
+
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         """Publish the batch: guards, then replace the run's window in one transaction."""
         settings = self._settings(context)
-        window = window_from_context(context, settings.asset)
+        window = self._window(context, settings)
         batch = self._batch(obj, settings.asset)
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
         context.add_output_metadata(
-            {**publish_metadata(result, settings, window), **result.committed}
+            {
+                **publish_metadata(result, settings, window),
+                **table_metadata(self._table_name(settings), self.storage_kind, _schema(batch)),
+                **result.committed,
+            }
         )
+        if not context.has_asset_key:
+            return
         record_data_version(context, result.fingerprint)
         # A range run yields one materialization per partition. Dagster copies the output
         # metadata onto each of them, so the day's own counts go on each one by key.
@@ -117,14 +144,15 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         as Arrow without a pass through pandas; any other input gets a pandas DataFrame.
         """
         settings = self._settings(context)
-        window = window_from_context(context, settings.asset)
+        window = self._window(context, settings)
         frame_type = context.dagster_type.typing_type
         want_arrow = reads_arrow(frame_type)
         # A partition mapping can map to no upstream partition at all (the first day of a
         # self-dependent asset): that input is empty, never the whole table.
         maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
+        columns = input_columns(context, settings.asset)
         with self._backend() as backend:
-            loaded = backend.load(settings, window, maps_to_nothing, want_arrow)
+            loaded = backend.load(settings, window, maps_to_nothing, want_arrow, columns)
             if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
@@ -135,7 +163,15 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
                     " run reads), then rerun."
                 )
-            if window and settings.partition_columns and not maps_to_nothing:
+            names = loaded.column_names if isinstance(loaded, pa.Table) else list(loaded.columns)
+            refuse_missing_columns(context, settings, columns, names)
+            # The instance records no materialization of an op's output: only assets are checked.
+            if (
+                window
+                and settings.partition_columns
+                and context.has_asset_key
+                and not maps_to_nothing
+            ):
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
@@ -167,6 +203,37 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             return pa.table({})
         assert isinstance(table, pa.Table)
         return table
+
+
+def input_columns(context: dg.InputContext, upstream: str) -> list[str] | None:
+    """The input's metadata ``columns`` (dagster-duckdb's selection), validated; ``None``: all."""
+    value = (context.definition_metadata or {}).get(COLUMNS)
+    value = value.value if isinstance(value, dg.MetadataValue) else value
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise ConfigurationError(
+            f"Input '{context.name}' reading asset '{upstream}': metadata '{COLUMNS}' must be a"
+            f" non-empty list of column names, got {value!r}. Fix:"
+            f" dg.AssetIn(metadata={{'{COLUMNS}': ['a', 'b']}})."
+        )
+    return [validate_identifier(c, f"Input '{context.name}': column in '{COLUMNS}'") for c in value]
+
+
+def refuse_missing_columns(
+    context: dg.InputContext, settings: WriteSettings, wanted: list[str] | None, got: list[str]
+) -> None:
+    """Refuse a selection naming columns the table lacks (the engine read only the others)."""
+    found = {c.lower() for c in got}
+    missing = [c for c in wanted or () if c.lower() not in found]
+    if missing:
+        kept = [c for c in wanted or () if c.lower() in found]
+        raise ConfigurationError(
+            f"Refused to load asset '{settings.asset}' for input '{context.name}': metadata"
+            f" '{COLUMNS}' names {missing}, which table {settings.schema}.{settings.table} does"
+            f" not have. Nothing was changed. Fix: metadata={{'{COLUMNS}': {kept!r}}}, or add"
+            " the column(s) to the upstream asset first."
+        )
 
 
 def _reader(context: dg.InputContext) -> dg.AssetsDefinition | None:
@@ -258,15 +325,30 @@ def publish_metadata(
         totals["partitions_written"] = len(result.partitions)
         totals["window"] = _window_text(window)
     if not result.per_partition:
+        if window is not None:
+            totals["dagster/partition_row_count"] = result.rows
         return {**md, **totals}
     totals["row_count"] = totals.pop("dagster/row_count")
     return {**md, **{f"range_{k}": v for k, v in totals.items()}}
+
+
+def table_metadata(table_name: str, storage_kind: str, schema: pa.Schema) -> dict[str, Any]:
+    """Dagster's table conventions: the qualified name, the storage kind, the columns written."""
+    columns = [dg.TableColumn(name=f.name, type=str(f.type)) for f in schema]
+    md: dict[str, Any] = {
+        "dagster/table_name": table_name,
+        "dagster/column_schema": dg.TableSchema(columns=columns),
+    }
+    if storage_kind:
+        md["dagster/storage_kind"] = storage_kind
+    return md
 
 
 def partition_metadata(part: PartitionResult, window: PartitionWindow) -> dict[str, Any]:
     """One partition's own metadata within a range publish."""
     return {
         "dagster/row_count": part.rows,
+        "dagster/partition_row_count": part.rows,
         "rows_inserted": part.inserted,
         "rows_updated": part.updated,
         "rows_deleted": part.deleted,
@@ -281,3 +363,8 @@ def _no_rows() -> Any:
     import pandas as pd
 
     return pd.DataFrame()
+
+
+def _schema(batch: pa.Table | EngineBatch) -> pa.Schema:
+    """The batch's Arrow schema; an engine's frame reports it through its probe."""
+    return batch.probe.schema if isinstance(batch, EngineBatch) else batch.schema

@@ -10,6 +10,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import dagster as dg
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
 
 from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.identifiers import validate_identifier
@@ -34,6 +37,12 @@ ALLOW_EMPTY = "allow_empty"
 ALLOW_RUNTIME_COLUMNS = "allow_runtime_columns"
 SCHEMA = "schema"
 SCHEMA_EVOLUTION = "schema_evolution"
+
+#: dagster-deltalake's metadata keys: each is refused with why (see _refuse_peer_keys).
+PEER_MODE = "mode"
+PEER_MODES = frozenset({"append", "error", "ignore"})
+OVERWRITE_SCHEMA = "overwrite_schema"
+CUSTOM_METADATA = "custom_metadata"
 
 #: The schema of an asset whose key has no prefix and whose IO manager names none.
 DEFAULT_SCHEMA = "main"
@@ -154,7 +163,45 @@ def partition_column(value: Any, asset: str) -> str | None:
 
 
 def _column(value: Any, asset: str, what: str) -> str:
+    if isinstance(value, str):
+        refuse_expression(value, asset, what)
     return validate_identifier(value, f"Asset '{asset}': {what} (a column name, not an expression)")
+
+
+def refuse_expression(value: str, asset: str, what: str) -> None:
+    """Refuse a SQL expression as a partition column, printing the column that replaces it.
+
+    The guards judge each row's partition, and the write deletes the window's rows, on the same
+    stored column; an expression would be evaluated by two engines (the guards' and the
+    table's), which need not agree on every value. The migration computes the column once, in
+    the asset, so the stored value is what both read.
+    """
+    try:
+        tree = sqlglot.parse_one(value, dialect="duckdb")
+    except ParseError:
+        return
+    used = sorted({c.name for c in tree.find_all(exp.Column)})
+    if isinstance(tree, exp.Column) or not used:
+        return
+    source = used[0]
+    if isinstance(tree, exp.Cast) and tree.to.is_type(exp.DataType.Type.DATE):
+        new, code = f"{source}_date", f"pd.to_datetime(df[{source!r}]).dt.date"
+    elif isinstance(tree, exp.StrToTime | exp.StrToDate) and tree.args.get("format") is not None:
+        fmt = tree.args["format"].name
+        new, code = f"{source}_at", f"pd.to_datetime(df[{source!r}], format={fmt!r})"
+    elif isinstance(tree, exp.UnixToTime):
+        new = f"{source}_at"
+        code = f"pd.to_datetime(df[{source!r}].astype('int64'), unit='s', utc=True)"
+    else:
+        new, code = f"{source}_at", f"pd.to_datetime(df[{source!r}])"
+    raise ConfigurationError(
+        f"Asset '{asset}': {what} is the SQL expression {value!r}, over column(s) {used}. The"
+        " guards and the window's delete must place every row in the same partition, so both"
+        " read a stored column, never an expression two engines evaluate. Nothing was changed."
+        f" Fix: compute the column in the asset, df[{new!r}] = {code} (pandas; a text date"
+        f" column stays refused as it is), and name it: metadata={{'{PARTITION_EXPR}':"
+        f" {new!r}}} (for a dg.MultiPartitionsDefinition, that dimension's entry)."
+    )
 
 
 def partition_columns(
@@ -221,6 +268,7 @@ def resolve_settings(
     """
     md = dict(metadata or {})
     asset = asset_key.to_user_string()
+    _refuse_peer_keys(md, asset)
     table = validate_identifier(asset_key.path[-1], f"Asset '{asset}': table name")
     prefix = asset_key.path[-2] if len(asset_key.path) > 1 else None
     schema = validate_identifier(
@@ -268,6 +316,41 @@ def resolve_settings(
         schema_evolution=schema_evolution(md.get(SCHEMA_EVOLUTION), asset),
         timezone=_timezone(partitions_def),
     )
+
+
+def _refuse_peer_keys(md: Mapping[str, Any], asset: str) -> None:
+    """Refuse dagster-deltalake's metadata keys that would change how a rerun writes."""
+    mode = _raw(md.get(PEER_MODE))
+    if isinstance(mode, str) and mode in PEER_MODES:
+        raise ConfigurationError(
+            f"Refused to write asset '{asset}': metadata {{'{PEER_MODE}': {mode!r}}} asks for"
+            f" dagster-deltalake's '{mode}' write. "
+            + (
+                "Append is what this IO manager prevents: a rerun would add the partition's"
+                " rows again."
+                if mode == "append"
+                else "It would make a rerun fail, or keep the rows it should replace."
+            )
+            + f" Nothing was changed. Fix: remove '{PEER_MODE}' from the metadata (every"
+            " publish replaces the run's partitions in one commit); to add rows without"
+            " removing others, use the merge IO manager with metadata={'primary_key':"
+            " ['id'], 'delete_missing': False}."
+        )
+    if _raw(md.get(OVERWRITE_SCHEMA)):
+        raise ConfigurationError(
+            f"Refused to write asset '{asset}': metadata '{OVERWRITE_SCHEMA}' would replace the"
+            " table's schema, and every other partition's columns with it. Nothing was"
+            f" changed. Fix: remove '{OVERWRITE_SCHEMA}' and set metadata={{'{SCHEMA_EVOLUTION}':"
+            " 'add_columns'}} to let a publish add the batch's new columns; other changes are"
+            " migrations the refusal of the batch prints."
+        )
+    if md.get(CUSTOM_METADATA) is not None:
+        raise ConfigurationError(
+            f"Refused to write asset '{asset}': metadata '{CUSTOM_METADATA}' is read from the"
+            " IO manager here, for every commit it makes. Nothing was changed. Fix: move it to"
+            " the IO manager, ia.DeltaOverwriteIOManager(root=..., custom_metadata={...}), and"
+            f" remove '{CUSTOM_METADATA}' from the metadata."
+        )
 
 
 def _timezone(partitions_def: dg.PartitionsDefinition | None) -> str:

@@ -14,7 +14,7 @@ protocols, its factory in ``tests/conformance/conftest.py`` and its docs page
 (docs/architecture.md says how).
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -357,13 +357,27 @@ class Backend(Protocol):
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows in partition order (every row without a window); ``None``: no table.
 
         ``nothing``: the table's columns and no row (a mapping to no upstream partition).
         ``arrow`` False: a pandas DataFrame, as the engine's own driver converts it.
+        ``columns``: only those the table has (:func:`selected_columns`), read as the engine
+        reads fewer columns; the caller refuses the ones it lacks.
         """
         ...
+
+
+def selected_columns(wanted: Sequence[str] | None, stored: Iterable[str]) -> list[str] | None:
+    """The stored spelling of each ``wanted`` column the table has, in the order asked.
+
+    ``None`` (no selection) reads every column.
+    """
+    if wanted is None:
+        return None
+    by_lower = {c.lower(): c for c in stored}
+    return [by_lower[c.lower()] for c in wanted if c.lower() in by_lower]
 
 
 class CommitConflict(Exception):

@@ -18,13 +18,13 @@ handed over by its user first (the snapshot's handover code).
 """
 
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from idem_assets.lib.backends.delta.errors import denied, log_damage, lost_commit, refused_rows
@@ -61,6 +61,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     WritePlan,
     Written,
+    selected_columns,
 )
 
 if TYPE_CHECKING:
@@ -105,12 +106,34 @@ class DeltaBackend:
 
     capabilities: ClassVar[Capabilities] = CAPABILITIES
 
-    def __init__(self, root: str, storage_options: dict[str, str] | None = None) -> None:
-        """Tables live at ``<root>/<schema>/<table>``; ``storage_options`` reach object storage."""
+    def __init__(
+        self,
+        root: str,
+        storage_options: dict[str, str] | None = None,
+        *,
+        commit_metadata: Mapping[str, str] | None = None,
+        writer_properties: Mapping[str, str] | None = None,
+        table_config: Mapping[str, str] | None = None,
+    ) -> None:
+        """Tables live at ``<root>/<schema>/<table>``; ``storage_options`` reach object storage.
+
+        ``commit_metadata`` goes into every commit's history entry, ``writer_properties`` make
+        deltalake.WriterProperties for the files written, ``table_config`` the properties of a
+        table this backend creates.
+        """
         self.root = root
         self.storage_options = storage_options or None
+        self.commit_metadata = dict(commit_metadata or {})
+        self.writer_properties = (
+            WriterProperties(**writer_properties) if writer_properties else None  # type: ignore[arg-type]
+        )
+        self.table_config = dict(table_config or {}) or None
         #: A local file system's limit on a file name; object stores take far longer keys.
         self.name_limit = 255 if "://" not in root or root.startswith("file://") else None
+
+    def writing(self) -> dict[str, Any]:
+        """The writer properties a write or merge takes, when the IO manager set any."""
+        return {"writer_properties": self.writer_properties} if self.writer_properties else {}
 
     def __enter__(self) -> "DeltaBackend":
         return self
@@ -182,22 +205,26 @@ class DeltaBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         found = self.open(self.uri(settings.schema, settings.table))
         if found is None:
             return None
         full = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
-        columns = {f.name: f.type for f in full if f.name != DAY_COLUMN}
+        stored = {f.name: f.type for f in full if f.name != DAY_COLUMN}
         name = f"{settings.schema}.{settings.table}"
         region = stored_region(
-            None if nothing else window, settings.partition_columns, columns, name
+            None if nothing else window, settings.partition_columns, stored, name
         )
-        by_lower = {c.lower(): c for c in columns}
+        by_lower = {c.lower(): c for c in stored}
         order = [by_lower.get(c.lower(), c) for c in settings.partition_names]
+        names = selected_columns(columns, stored)
         with _reading() as ev:
             target = _register(ev, found, found.metadata().partition_columns, region)
-            q, p = statements.select_window(target, list(columns), region, order, nothing)
+            q, p = statements.select_window(
+                target, list(stored) if names is None else names, region, order, nothing
+            )
             relation = ev.conn.sql(q, params=p)
             return relation.to_arrow_table() if arrow else relation.df()
 
@@ -479,6 +506,8 @@ class DeltaTransaction:
                 mode="overwrite",
                 predicate=where,
                 schema_mode="merge" if adds else None,
+                commit_properties=self._commit_properties(),
+                **self.backend.writing(),
             )
             return snap.table.version()
 
@@ -497,7 +526,14 @@ class DeltaTransaction:
 
         def commit() -> int:
             merger = (
-                table.merge(data, on, source_alias="s", target_alias="t")
+                table.merge(
+                    data,
+                    on,
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=self._commit_properties(),
+                    **self.backend.writing(),
+                )
                 .when_matched_update_all()
                 .when_not_matched_insert_all()
             )
@@ -523,10 +559,19 @@ class DeltaTransaction:
             mode="error",
             partition_by=delta_partitions(scope.settings, data) or None,
             name=OWNER_PREFIX + scope.settings.asset,
+            configuration=self.backend.table_config,
             storage_options=self.backend.storage_options,
-            commit_properties=CommitProperties(max_commit_retries=0),
+            commit_properties=self._commit_properties(max_commit_retries=0),
+            **self.backend.writing(),
         )
         return 0
+
+    def _commit_properties(self, **options: Any) -> CommitProperties | None:
+        """The commit's properties: the IO manager's custom metadata and ``options``."""
+        custom = self.backend.commit_metadata or None
+        if custom is None and not options:
+            return None
+        return CommitProperties(custom_metadata=custom, **options)
 
     def _after(self, scope: Scope, data: pa.Table) -> str:
         """A relation holding the window as the pending commit leaves it (without the day)."""

@@ -12,7 +12,7 @@ a value the rounding moves out of the window is refused with the floor that keep
 """
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -42,6 +42,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     WritePlan,
     Written,
+    selected_columns,
 )
 
 if TYPE_CHECKING:
@@ -132,6 +133,7 @@ class DuckDBBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         cols = table_columns(self.conn, settings.schema, settings.table)
@@ -144,8 +146,9 @@ class DuckDBBackend:
             settings.table,
         )
         order = _spelt(settings.partition_names, cols)
+        names = selected_columns(columns, cols)
         q, p = statements.select_window(
-            (settings.schema, settings.table), None, region, order, nothing
+            (settings.schema, settings.table), names, region, order, nothing
         )
         relation = self.conn.sql(q, params=p)
         return relation.to_arrow_table() if arrow else relation.df()

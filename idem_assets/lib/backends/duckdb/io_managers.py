@@ -10,7 +10,7 @@ from pydantic import Field
 from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
 from idem_assets.lib.backends.duckdb.connections import duckdb_connection
 from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
-from idem_assets.lib.model.settings import WriteMode
+from idem_assets.lib.model.settings import WriteMode, WriteSettings
 
 
 class _DuckDBIOManager(IdempotentIOManager):
@@ -29,8 +29,14 @@ class _DuckDBIOManager(IdempotentIOManager):
         with duckdb_connection(self.database, self.connection_config) as conn:
             yield DuckDBBackend(conn)
 
+    storage_kind: ClassVar[str] = "duckdb"
+
     def _location(self) -> str:
         return self.database
+
+    def _table_name(self, settings: WriteSettings) -> str:
+        """``<database file>.<schema>.<table>``, as dagster-duckdb names it."""
+        return f"{self.database}.{settings.schema}.{settings.table}"
 
     def relocated(self, directory: Path) -> Self:
         """The same file name, in ``directory``."""

@@ -63,6 +63,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     WritePlan,
     Written,
+    selected_columns,
 )
 
 if TYPE_CHECKING:
@@ -146,12 +147,19 @@ class IcebergBackend:
             tx.close(failed)
 
     def _scan(
-        self, table: IcebergTable, partition_columns: PartitionColumns, window: WriteWindow | None
+        self,
+        table: IcebergTable,
+        partition_columns: PartitionColumns,
+        window: WriteWindow | None,
+        read: Sequence[str] | None = None,
     ) -> pa.Table:
-        """The window's rows (every row without one), reading only the files it can be in."""
+        """The window's rows (every row without one), reading only the files it can be in.
+
+        ``read``: only these columns (with the window's), the files' others never decoded.
+        """
         columns = arrow_columns(table.schema())
         region = stored_region(window, partition_columns, columns, ".".join(table.name()[-2:]))
-        rows, self.files_read = files.region_rows(table, region)
+        rows, self.files_read = files.region_rows(table, region, columns=read)
         return rows
 
     def fingerprint(
@@ -174,20 +182,25 @@ class IcebergBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         found = self.open(settings.schema, settings.table)
         if found is None:
             return None
+        stored = arrow_columns(found.schema())
+        by_lower = {c.lower(): c for c in stored}
+        order = [by_lower.get(c.lower(), c) for c in settings.partition_names]
+        names = selected_columns(columns, stored)
+        # The files are read for the selected columns and those the window and order need.
+        read = None if names is None else [*names, *(c for c in order if c not in names)]
         if nothing:
-            stored = arrow_columns(found.schema())
             rows = pa.table({c: pa.array([], t) for c, t in stored.items()})
         else:
-            rows = self._scan(found, settings.partition_columns, window)
-        by_lower = {c.lower(): c for c in rows.column_names}
-        order = [by_lower.get(c.lower(), c) for c in settings.partition_names]
+            rows = self._scan(found, settings.partition_columns, window, read)
         if order:
             rows = rows.sort_by([(c, "ascending") for c in order])
+        rows = rows if names is None else rows.select(names)
         return rows if arrow else rows.to_pandas()
 
 

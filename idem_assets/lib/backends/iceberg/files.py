@@ -162,14 +162,19 @@ def counts(
 
 
 def region_rows(
-    table: Table, region: Region, snapshot_id: int | None = None
+    table: Table,
+    region: Region,
+    snapshot_id: int | None = None,
+    columns: Sequence[str] | None = None,
 ) -> tuple[pa.Table, int]:
     """The rows of ``table`` (at ``snapshot_id``) in ``region``, and how many files were read.
 
     Only the files the region's partitions and column statistics allow are planned; the rows
-    come back in the types a scan returns.
+    come back in the types a scan returns. ``columns``: only those (the region's are added).
     """
-    columns = arrow_columns(table.schema())
-    tasks = plan(table, region_filter(region, columns), snapshot_id)
-    rows = in_region(read(table.metadata, table, tasks), region)
-    return rows.cast(pa.schema([pa.field(c, t) for c, t in columns.items()])), len(tasks)
+    stored = arrow_columns(table.schema())
+    tasks = plan(table, region_filter(region, stored), snapshot_id)
+    wanted = list(stored) if columns is None else list(columns)
+    wanted += [c.column for b in region for c in b if c.column not in wanted]
+    rows = in_region(read(table.metadata, table, tasks, wanted if columns else ()), region)
+    return rows.cast(pa.schema([pa.field(c, stored[c]) for c in rows.column_names])), len(tasks)

@@ -10,7 +10,7 @@ from pydantic import Field
 from idem_assets.lib.backends.iceberg.backend import IcebergBackend
 from idem_assets.lib.backends.iceberg.catalog import DEFAULT_CATALOG_NAME, IcebergLocation
 from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
-from idem_assets.lib.model.settings import WriteMode
+from idem_assets.lib.model.settings import WriteMode, WriteSettings
 
 
 class _IcebergIOManager(IdempotentIOManager):
@@ -63,6 +63,12 @@ class _IcebergIOManager(IdempotentIOManager):
     def _backend(self) -> Iterator[IcebergBackend]:
         with IcebergBackend(self.location()) as backend:
             yield backend
+
+    storage_kind: ClassVar[str] = "iceberg"
+
+    def _table_name(self, settings: WriteSettings) -> str:
+        """``<catalog>.<namespace>.<table>``."""
+        return f"{self.catalog_name}.{settings.schema}.{settings.table}"
 
     def _location(self) -> str:
         return self.location().describe()

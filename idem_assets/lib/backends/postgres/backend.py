@@ -10,7 +10,7 @@ travel as Arrow over the ADBC driver's binary COPY.
 
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -50,6 +50,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     WritePlan,
     Written,
+    selected_columns,
 )
 
 if TYPE_CHECKING:
@@ -326,6 +327,7 @@ class PostgresBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> "pa.Table | pd.DataFrame | None":
         """The window's rows (the whole table without one), in partition order."""
         cols = self._columns(settings.schema, settings.table)
@@ -338,8 +340,9 @@ class PostgresBackend:
         by_lower = {c.lower(): c for c in cols}
         order = [by_lower.get(c.lower(), c) for c in settings.partition_names]
         target = (settings.schema, settings.table)
+        names = selected_columns(columns, cols)
         self._run(
-            statements.select_window(target, None, region, order, nothing, dialect="postgres")
+            statements.select_window(target, names, region, order, nothing, dialect="postgres")
         )
         table = _as_stored(self.cur.fetch_arrow_table(), types)
         return table if arrow else table.to_pandas()

@@ -10,7 +10,7 @@ from pydantic import Field
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
 from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
 from idem_assets.lib.model.errors import ConfigurationError
-from idem_assets.lib.model.settings import WriteMode
+from idem_assets.lib.model.settings import WriteMode, WriteSettings
 
 
 class _PostgresIOManager(IdempotentIOManager):
@@ -58,8 +58,15 @@ class _PostgresIOManager(IdempotentIOManager):
         with PostgresBackend.connect(self.location()) as backend:
             yield backend
 
+    storage_kind: ClassVar[str] = "postgres"
+
     def _location(self) -> str:
         return self.location().describe()
+
+    def _table_name(self, settings: WriteSettings) -> str:
+        """``<database>.<schema>.<table>`` (the location read without its password)."""
+        database = PostgresLocation.from_url(self.url, None).database if self.url else self.database
+        return f"{database}.{settings.schema}.{settings.table}"
 
 
 class PostgresOverwriteIOManager(_PostgresIOManager):

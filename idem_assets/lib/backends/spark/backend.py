@@ -71,6 +71,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     WritePlan,
     Written,
+    selected_columns,
 )
 
 CAPABILITIES = Capabilities(
@@ -227,9 +228,16 @@ class SparkBackend:
         return int(count), int(digest)
 
     def frame(
-        self, settings: WriteSettings, window: WriteWindow | None, nothing: bool = False
+        self,
+        settings: WriteSettings,
+        window: WriteWindow | None,
+        nothing: bool = False,
+        columns: Sequence[str] | None = None,
     ) -> DataFrame | None:
-        """The window's rows as a lazy DataFrame read with partition pruning; ``None``: no table."""
+        """The window's rows as a lazy DataFrame read with partition pruning; ``None``: no table.
+
+        ``columns``: only those the table has (:func:`selected_columns`); Spark reads no other.
+        """
         found = self.table(settings.schema, settings.table)
         if not found.exists:
             return None
@@ -238,6 +246,9 @@ class SparkBackend:
             None if nothing else window, settings.partition_columns, types, settings.asset
         )
         frame = self.window(found, region)
+        names = selected_columns(columns, frame.columns)
+        if names is not None:
+            frame = frame.select(*[F.col(f"`{c}`") for c in names])
         return frame.limit(0) if nothing else frame
 
     def load(
@@ -246,6 +257,7 @@ class SparkBackend:
         window: WriteWindow | None,
         nothing: bool = False,
         arrow: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> pa.Table | pd.DataFrame | None:
         """The window's rows (the whole table without one), in partition order."""
         frame = self.frame(settings, window, nothing)
@@ -254,7 +266,11 @@ class SparkBackend:
         by_lower = {c.lower(): c for c in frame.columns}
         order = [by_lower[c.lower()] for c in settings.partition_names if c.lower() in by_lower]
         if order:
-            frame = frame.orderBy(*order)
+            frame = frame.orderBy(*[F.col(f"`{c}`") for c in order])
+        # Sorted first, then projected: the order may use a column the selection leaves out.
+        names = selected_columns(columns, frame.columns)
+        if names is not None:
+            frame = frame.select(*[F.col(f"`{c}`") for c in names])
         return frame.toArrow() if arrow else frame.toPandas()
 
 

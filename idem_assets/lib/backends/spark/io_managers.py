@@ -19,14 +19,19 @@ from idem_assets.lib.backends.spark.backend import SparkBackend
 from idem_assets.lib.backends.spark.frames import spark_batch
 from idem_assets.lib.backends.spark.session import SPARK_CONF_FIELD, spark_session
 from idem_assets.lib.dagster_layer.frames import to_arrow
-from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
-from idem_assets.lib.model.settings import WriteMode
-from idem_assets.lib.model.windows import window_from_context
+from idem_assets.lib.dagster_layer.io_manager import (
+    IdempotentIOManager,
+    input_columns,
+    refuse_missing_columns,
+)
+from idem_assets.lib.model.settings import WriteMode, WriteSettings
 from idem_assets.lib.write.seam import EngineBatch
 
 
 class _SparkIOManager(IdempotentIOManager):
     """Opens the Spark backend on the process's session."""
+
+    storage_kind: ClassVar[str] = "spark"
 
     spark_conf: dict[str, str] = SPARK_CONF_FIELD
     warehouse: str | None = Field(
@@ -45,6 +50,10 @@ class _SparkIOManager(IdempotentIOManager):
     def _location(self) -> str:
         return f"Spark's catalog (warehouse {self.warehouse or 'of the session'})"
 
+    def _table_name(self, settings: WriteSettings) -> str:
+        """``spark_catalog.<schema>.<table>``, as Spark names a table of its session catalog."""
+        return f"spark_catalog.{settings.schema}.{settings.table}"
+
     def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch:
         # A Spark DataFrame stays in Spark: the publish stages it there.
         return spark_batch(obj, asset) if isinstance(obj, DataFrame) else to_arrow(obj, asset)
@@ -54,15 +63,17 @@ class _SparkIOManager(IdempotentIOManager):
         if context.dagster_type.typing_type is not DataFrame:
             return super().load_input(context)
         settings = self._settings(context)
-        window = window_from_context(context, settings.asset)
+        window = self._window(context, settings)
         nothing = context.has_asset_partitions and not context.asset_partition_keys
+        columns = input_columns(context, settings.asset)
         with self._backend() as backend:
-            frame = backend.frame(settings, window, nothing)
+            frame = backend.frame(settings, window, nothing, columns)
         if frame is None:
             raise dg.Failure(
                 f"Asset '{settings.asset}' has no table {settings.schema}.{settings.table} in"
                 f" {self._location()} yet. Materialize it first, then rerun."
             )
+        refuse_missing_columns(context, settings, columns, frame.columns)
         return frame
 
 
