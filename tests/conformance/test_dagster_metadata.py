@@ -25,6 +25,7 @@ STORAGE_KINDS = {
     "postgres": "postgres",
     "iceberg": "iceberg",
     "iceberg-postgres": "iceberg",
+    "spark": "spark",
 }
 
 
@@ -36,6 +37,7 @@ def table_name(store: Store, table: str) -> str:
         "postgres": store.config.get("database"),
         "iceberg": DEFAULT_CATALOG_NAME,
         "iceberg-postgres": DEFAULT_CATALOG_NAME,
+        "spark": "spark_catalog",
     }[store.name]
     return f"{database}.main.{table}"
 
