@@ -38,6 +38,7 @@ from idem_assets.lib.dagster_layer.checks import (
     judge,
 )
 from idem_assets.lib.dagster_layer.frames import to_arrow
+from idem_assets.lib.dagster_layer.plan import REFUSAL_KEY, plan_run
 from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import (
@@ -290,7 +291,8 @@ def run_audit(
         results = check_results(report, asset_key)
         if failures:
             yield from results
-            raise BlockingCheckError(refusal(asset, window, failures))
+            yield from _refused(context, table, refusal(asset, window, failures))
+            return
         yield dg.Output(table)
         yield from results
         return
@@ -298,10 +300,20 @@ def run_audit(
     if failures:
         yield from _reported(context, day_evaluations(days, asset_key, {}, published=False))
         failed_days = sorted({d.key for d in days if not d.passed and d.check.blocking})
-        raise BlockingCheckError(refusal(asset, window, failures, failed_days))
+        yield from _refused(context, table, refusal(asset, window, failures, failed_days))
+        return
     yield dg.Output(table)
     targets = run_materializations(context.instance, asset_key, window.keys, context.run.run_id)
     yield from _reported(context, day_evaluations(days, asset_key, targets, published=True))
+
+
+def _refused(
+    context: dg.AssetExecutionContext, table: pa.Table, message: str
+) -> Iterator[dg.Output]:
+    """Raise the blocking refusal; a plan run hands it to its IO manager to report instead."""
+    if not plan_run(context):
+        raise BlockingCheckError(message)
+    yield dg.Output(table, metadata={REFUSAL_KEY: message})
 
 
 def _reported(

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from idem_assets.lib.dagster_layer.data_versions import record_data_version
 from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
+from idem_assets.lib.dagster_layer.plan import plan_output, plan_run
 from idem_assets.lib.model.errors import MissingUpstreamError
 from idem_assets.lib.model.settings import (
     WriteMode,
@@ -89,6 +90,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         settings = self._settings(context)
         window = window_from_context(context, settings.asset)
         batch = to_arrow(obj, settings.asset)
+        if plan_run(context):
+            # A plan run stages and judges the batch like a publish, and writes nothing.
+            plan_output(context, self._backend, batch, settings, window)
+            return
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
         context.add_output_metadata(

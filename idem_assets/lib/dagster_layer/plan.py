@@ -1,0 +1,251 @@
+"""Plan runs: a run tagged ``idem/plan`` stages, judges and compares each batch, writing nothing.
+
+The IO managers hand a plan run's outputs here instead of publishing them
+(:func:`handle_plan`). Each partition's plan is an ``AssetObservation`` carrying its counts, its
+fingerprints and its refusal, so the asset's partitions show what a rerun would change, and
+each planned step ends by logging the run's plan so far as a table: the last one in the run log
+is the whole run's.
+
+Dagster records a materialization for every asset output an IO manager handles, unless the run
+carries its ``dagster/defer_asset_events`` tag: a plan run needs both tags (:data:`PLAN_TAGS`),
+and a run with ``idem/plan`` alone is refused before anything is read, so a plan can never add
+to the materialization history. Nothing is written to the warehouse, no data version is
+recorded, and the outbox lists what it would deliver without delivering it.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+
+from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
+from idem_assets.lib.model.settings import WriteSettings
+from idem_assets.lib.model.windows import WriteWindow
+from idem_assets.lib.write.plan import PartitionPlan, PublishPlan, plan
+from idem_assets.lib.write.seam import Backend
+
+#: The run tag that makes a run a plan.
+PLAN_TAG = "idem/plan"
+#: Dagster's run tag that keeps its asset events (materializations) out of the run.
+DEFER_TAG = "dagster/defer_asset_events"
+#: The tags of a plan run: ``dagster job backfill ... --tags '{...}'`` takes them as JSON.
+PLAN_TAGS = {PLAN_TAG: "true", DEFER_TAG: "true"}
+#: Output metadata by which the audit hands its blocking refusal to a plan's IO manager.
+REFUSAL_KEY = "idem/plan_refusal"
+
+_TRUE = ("true", "1", "yes")
+
+
+def is_plan(tags: Mapping[str, str]) -> bool:
+    """Whether a run with ``tags`` is a plan run."""
+    return tags.get(PLAN_TAG, "").strip().lower() in _TRUE
+
+
+def plan_run(context: dg.OutputContext | dg.InputContext | dg.AssetExecutionContext) -> bool:
+    """Whether this step belongs to a plan run."""
+    if isinstance(context, dg.AssetExecutionContext):
+        return is_plan(context.run.tags)
+    return is_plan(context.step_context.dagster_run.tags)
+
+
+def plan_output(
+    context: dg.OutputContext,
+    backend: Callable[[], AbstractContextManager[Backend]],
+    batch: pa.Table,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+) -> None:
+    """Plan the batch instead of publishing it, and report the plan; nothing is written."""
+    refuse_recorded_plan(context, settings.asset, window)
+    refused = refusal_of(context)
+    with backend() as opened:
+        planned = plan(
+            opened,
+            batch,
+            settings,
+            window,
+            refusal=BlockingCheckError(refused) if refused else None,
+        )
+    handle_plan(context, planned, settings, window)
+
+
+def refuse_recorded_plan(context: dg.OutputContext, asset: str, window: WriteWindow | None) -> None:
+    """Refuse a plan run Dagster would record materializations for (no defer tag)."""
+    tags = context.step_context.dagster_run.tags
+    if tags.get(DEFER_TAG, "").strip().lower() in _TRUE:
+        return
+    where = f"asset '{asset}'" + (f", partition {window.describe()}" if window else "")
+    raise ConfigurationError(
+        f"Refused to plan {where}: the run is tagged {PLAN_TAG} but not {DEFER_TAG}, so Dagster"
+        " would record each plan as a materialization of the asset (as if it had been"
+        " published) and its data version would change. Nothing was changed. Fix: launch the"
+        f" plan with both tags, e.g. --tags '{_tags_json()}'."
+    )
+
+
+def _tags_json() -> str:
+    return "{" + ", ".join(f'"{k}": "{v}"' for k, v in PLAN_TAGS.items()) + "}"
+
+
+def refusal_of(context: dg.OutputContext) -> str:
+    """The blocking refusal the audit handed over with the output ("" when none)."""
+    found = context.output_metadata.get(REFUSAL_KEY)
+    if found is None:
+        return ""
+    return str(getattr(found, "value", found))
+
+
+def handle_plan(
+    context: dg.OutputContext,
+    planned: PublishPlan,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+) -> None:
+    """Report ``planned``: an observation per partition, the run's plan so far in the log."""
+    upstream = _upstream(context)
+    keys = window.keys if window is not None else [None]
+    for key in keys:
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=context.asset_key,
+                partition=key,
+                metadata=plan_metadata(planned, planned.partition(key), upstream),
+                tags={PLAN_TAG: "true"},
+            )
+        )
+    rows = [*_earlier_rows(context), *plan_rows(planned, keys)]
+    if planned.refused:
+        context.log.warning(f"Plan: the publish would be refused. {planned.refusal}")
+    if upstream:
+        context.log.info(
+            f"Plan: '{settings.asset}' read the stored rows of {', '.join(upstream)}: a plan"
+            " writes none of its planned rows, so it plans against what is stored now."
+        )
+    context.log.info("Plan of this run so far:\n" + plan_table(rows))
+
+
+def plan_metadata(
+    plan: PublishPlan, part: PartitionPlan, upstream: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One partition's plan as observation metadata."""
+    md: dict[str, Any] = {
+        "plan": _verdict(plan, part),
+        "dagster/table_name": plan.table,
+        "write_mode": plan.mode,
+        "rows_inserted": part.inserted,
+        "rows_updated": part.updated,
+        "rows_deleted": part.deleted,
+        "rows_unchanged": part.unchanged,
+        "rows_before": part.rows_before,
+        "rows_after": part.rows_after,
+        "fingerprint_before": part.fingerprint_before or "(no table)",
+        "fingerprint_after": part.fingerprint_after or "(no table)",
+        "refused": plan.refused,
+    }
+    if plan.refused:
+        md["refusal"] = dg.MetadataValue.md(plan.refusal)
+    if upstream:
+        md["planned_against"] = "stored rows of " + ", ".join(upstream)
+    return md
+
+
+def _verdict(plan: PublishPlan, part: PartitionPlan) -> str:
+    if plan.refused:
+        return f"refused ({plan.refused_by})"
+    return "changes" if part.changed else "no change"
+
+
+#: The summary table's columns.
+COLUMNS = (
+    "asset",
+    "partition",
+    "plan",
+    "inserted",
+    "updated",
+    "deleted",
+    "unchanged",
+    "fingerprint before",
+    "fingerprint after",
+)
+
+
+def plan_rows(plan: PublishPlan, keys: Sequence[str | None]) -> list[tuple[str, ...]]:
+    """The summary table's rows of one plan, a row per partition."""
+    rows = []
+    for key in keys:
+        part = plan.partition(key)
+        rows.append(
+            (
+                plan.asset,
+                key or "-",
+                _verdict(plan, part),
+                str(part.inserted),
+                str(part.updated),
+                str(part.deleted),
+                str(part.unchanged),
+                part.fingerprint_before or "(no table)",
+                part.fingerprint_after or "(no table)",
+            )
+        )
+    return rows
+
+
+def plan_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows as an aligned text table under :data:`COLUMNS`."""
+    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in [COLUMNS, *rows]
+    ]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def observation_rows(events: Sequence[dg.EventLogRecord]) -> list[tuple[str, ...]]:
+    """The summary table's rows from a run's plan observations, in the order they were logged."""
+    rows = []
+    for record in events:
+        event = record.asset_observation
+        if event is None or (event.tags or {}).get(PLAN_TAG) != "true":
+            continue
+        md = event.metadata
+
+        def text(name: str, md: Mapping[str, Any] = md) -> str:
+            value = md.get(name)
+            return str(getattr(value, "value", value))
+
+        rows.append(
+            (
+                event.asset_key.to_user_string(),
+                event.partition or "-",
+                text("plan"),
+                text("rows_inserted"),
+                text("rows_updated"),
+                text("rows_deleted"),
+                text("rows_unchanged"),
+                text("fingerprint_before"),
+                text("fingerprint_after"),
+            )
+        )
+    return rows
+
+
+def run_plan(instance: dg.DagsterInstance, run_id: str) -> list[tuple[str, ...]]:
+    """A plan run's summary rows, as its observations recorded them."""
+    found = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION, limit=100_000
+    ).records
+    return observation_rows(found)
+
+
+def _earlier_rows(context: dg.OutputContext) -> list[tuple[str, ...]]:
+    """Rows of the plans this run's earlier steps recorded."""
+    return run_plan(context.step_context.instance, context.step_context.run_id)
+
+
+def _upstream(context: dg.OutputContext) -> list[str]:
+    """The asset's upstream assets, whose stored rows its inputs read in a plan."""
+    step = context.step_context
+    node = step.job_def.asset_layer.get(context.asset_key)
+    return sorted(k.to_user_string() for k in node.parent_keys if k != context.asset_key)
