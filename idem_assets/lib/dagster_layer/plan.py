@@ -106,6 +106,8 @@ def handle_plan(
     """Report ``planned``: an observation per partition, the run's plan so far in the log."""
     upstream = _upstream(context)
     keys = window.keys if window is not None else [None]
+    # Read before this step logs its own: an observation can be stored as soon as it is logged.
+    rows = [*_earlier_rows(context), *plan_rows(planned, keys)]
     for key in keys:
         context.log_event(
             dg.AssetObservation(
@@ -115,7 +117,6 @@ def handle_plan(
                 tags={PLAN_TAG: "true"},
             )
         )
-    rows = [*_earlier_rows(context), *plan_rows(planned, keys)]
     if planned.refused:
         context.log.warning(f"Plan: the publish would be refused. {planned.refusal}")
     if upstream:
@@ -192,14 +193,36 @@ def plan_rows(plan: PublishPlan, keys: Sequence[str | None]) -> list[tuple[str, 
     return rows
 
 
+#: An asset with more unchanged partitions than this shows them as one row.
+LISTED_UNCHANGED = 3
+
+
 def plan_table(rows: Sequence[Sequence[str]]) -> str:
-    """Rows as an aligned text table under :data:`COLUMNS`."""
+    """Rows as an aligned text table under :data:`COLUMNS`; many unchanged partitions as one."""
+    rows = _collapsed(rows)
     widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
     lines = [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
         for row in [COLUMNS, *rows]
     ]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def _collapsed(rows: Sequence[Sequence[str]]) -> list[Sequence[str]]:
+    """Each asset's rows, its unchanged partitions summed into one row when there are many."""
+    by_asset: dict[str, list[Sequence[str]]] = {}
+    for row in rows:
+        by_asset.setdefault(row[0], []).append(row)
+    shown: list[Sequence[str]] = []
+    for asset, found in by_asset.items():
+        same = [r for r in found if r[2] == "no change"]
+        if len(same) <= LISTED_UNCHANGED:
+            shown.extend(found)
+            continue
+        shown.extend(r for r in found if r[2] != "no change")
+        unchanged = str(sum(int(r[6]) for r in same))
+        shown.append((asset, f"{len(same)} others", "no change", "0", "0", "0", unchanged, "", ""))
+    return shown
 
 
 def observation_rows(events: Sequence[dg.EventLogRecord]) -> list[tuple[str, ...]]:
