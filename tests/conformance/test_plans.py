@@ -170,9 +170,16 @@ def test_a_corrected_day_plans_exactly_what_its_publish_then_changes(
         run(store, instance, [events_asset(mode, events), report], ALL_DAYS, outbox=outbox)
         fixed = [events_asset(mode, corrected), report]
         before, ledger = store.rows("events"), outbox.records()
-        planned = plans(run(store, instance, fixed, ALL_DAYS, plan=True, outbox=outbox))
+        planning = run(store, instance, fixed, ALL_DAYS, plan=True, outbox=outbox)
+        planned = plans(planning)
         assert store.rows("events") == before
         assert outbox.records() == ledger
+        # The report planned against the events' planned rows: only the fixed day would go out.
+        log = _log(instance, planning)
+        assert log.count("Outbox (plan): would deliver") == 1
+        assert f"would deliver export of asset 'events_report', partition {ALL_DAYS[1]}" in log
+        assert log.count("Outbox (plan): would skip") == len(ALL_DAYS) - 1
+        assert plans(planning, "events_report") == {}
         published = run(store, instance, fixed, ALL_DAYS, outbox=outbox)
         after = store.rows("events")
         if mode == "overwrite":

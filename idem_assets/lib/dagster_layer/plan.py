@@ -15,6 +15,7 @@ recorded, and the outbox lists what it would deliver without delivering it.
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -22,7 +23,8 @@ import pyarrow as pa
 
 from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.model.settings import WriteSettings
-from idem_assets.lib.model.windows import WriteWindow
+from idem_assets.lib.model.windows import WriteWindow, stored_region
+from idem_assets.lib.sql.predicates import arrow_expression
 from idem_assets.lib.write.plan import PartitionPlan, PublishPlan, plan
 from idem_assets.lib.write.seam import Backend
 
@@ -67,8 +69,70 @@ def plan_output(
             settings,
             window,
             refusal=BlockingCheckError(refused) if refused else None,
+            keep_rows=True,
         )
+    _remember(context.step_context.run_id, context.asset_key, planned, window)
     handle_plan(context, planned, settings, window)
+
+
+@dataclass(frozen=True)
+class _PlannedRows:
+    """An asset's window as its plan would leave it, for the inputs of assets downstream."""
+
+    window: WriteWindow
+    rows: pa.Table
+
+
+#: This process's current plan run: its id, each planned asset's rows, and which planned rows
+#: each downstream asset read. Steps of one process (the in-process executor, the location's
+#: default) see their upstream's plan; a step in another process reads the stored rows.
+_RUN: dict[str, Any] = {"id": None, "rows": {}, "read": {}}
+
+
+def _current(run_id: str) -> dict[str, Any]:
+    if _RUN["id"] != run_id:
+        # One plan run at a time per process: a new one forgets the last one's rows.
+        _RUN.update(id=run_id, rows={}, read={})
+    return _RUN
+
+
+def _remember(
+    run_id: str, key: dg.AssetKey, planned: PublishPlan, window: WriteWindow | None
+) -> None:
+    if planned.rows is not None and window is not None:
+        _current(run_id)["rows"][key] = _PlannedRows(window, planned.rows)
+
+
+def with_planned_rows(
+    context: dg.InputContext, settings: WriteSettings, window: WriteWindow | None, stored: pa.Table
+) -> pa.Table:
+    """The input's stored rows with the partitions its upstream planned in this run replaced.
+
+    A plan writes nothing, so a downstream asset would otherwise plan against what is stored;
+    with its upstream's planned rows it sees what a real run would hand it.
+    """
+    run = _current(context.step_context.run_id)
+    found: _PlannedRows | None = run["rows"].get(context.asset_key)
+    if found is None or window is None or not settings.partition_columns:
+        return stored
+    keys = [k for k in window.keys if k in set(found.window.keys)]
+    if not keys or set(found.rows.column_names) != set(stored.column_names):
+        return stored
+    planned = WriteWindow(
+        tuple(p for p in found.window.partitions if p.key in keys), found.window.time_dimension
+    )
+    types = dict(zip(stored.column_names, stored.schema.types, strict=True))
+    inside = arrow_expression(
+        stored_region(planned, settings.partition_columns, types, settings.table), types
+    )
+    rows = found.rows.select(stored.column_names).cast(stored.schema)
+    merged = pa.concat_tables([stored.filter(~inside), rows.filter(inside)])
+    order = [c for c in settings.partition_names if c in merged.column_names]
+    if order:
+        merged = merged.sort_by([(c, "ascending") for c in order])
+    reader = context.step_context.node_handle
+    run["read"].setdefault(str(reader), set()).add(context.asset_key.to_user_string())
+    return merged
 
 
 def refuse_recorded_plan(context: dg.OutputContext, asset: str, window: WriteWindow | None) -> None:
@@ -119,10 +183,12 @@ def handle_plan(
         )
     if planned.refused:
         context.log.warning(f"Plan: the publish would be refused. {planned.refusal}")
-    if upstream:
+    stored = [u.removeprefix("stored rows of ") for u in upstream if u.startswith("stored")]
+    if stored:
         context.log.info(
-            f"Plan: '{settings.asset}' read the stored rows of {', '.join(upstream)}: a plan"
-            " writes none of its planned rows, so it plans against what is stored now."
+            f"Plan: '{settings.asset}' read the stored rows of {', '.join(stored)}: a plan"
+            " writes nothing, and no plan of this run's steps in this process held them, so it"
+            " plans against what is stored now."
         )
     context.log.info("Plan of this run so far:\n" + plan_table(rows))
 
@@ -148,7 +214,7 @@ def plan_metadata(
     if plan.refused:
         md["refusal"] = dg.MetadataValue.md(plan.refusal)
     if upstream:
-        md["planned_against"] = "stored rows of " + ", ".join(upstream)
+        md["planned_against"] = ", ".join(upstream)
     return md
 
 
@@ -268,7 +334,12 @@ def _earlier_rows(context: dg.OutputContext) -> list[tuple[str, ...]]:
 
 
 def _upstream(context: dg.OutputContext) -> list[str]:
-    """The asset's upstream assets, whose stored rows its inputs read in a plan."""
+    """The asset's upstream assets, each with whether its inputs read planned or stored rows."""
     step = context.step_context
     node = step.job_def.asset_layer.get(context.asset_key)
-    return sorted(k.to_user_string() for k in node.parent_keys if k != context.asset_key)
+    planned = _current(step.run_id)["read"].get(str(step.node_handle), set())
+    return sorted(
+        f"{'planned' if k.to_user_string() in planned else 'stored'} rows of {k.to_user_string()}"
+        for k in node.parent_keys
+        if k != context.asset_key
+    )

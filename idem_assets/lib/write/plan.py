@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from idem_assets.lib.model.errors import ConcurrentWriteError, IdempotencyError
+from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import WriteMode, WriteSettings
 from idem_assets.lib.model.windows import WriteWindow
 from idem_assets.lib.sql import statements
@@ -68,6 +69,8 @@ class PublishPlan:
     #: The refusal the publish would raise ("" when it would publish), and its class.
     refusal: str = ""
     refused_by: str = ""
+    #: With ``keep_rows``: the window's rows as the publish would leave them (stored names).
+    rows: pa.Table | None = None
 
     @property
     def refused(self) -> bool:
@@ -97,13 +100,15 @@ def plan(
     *,
     now: datetime | None = None,
     refusal: IdempotencyError | None = None,
+    keep_rows: bool = False,
     attempts: int = COMMIT_ATTEMPTS,
 ) -> PublishPlan:
     """What publishing ``batch`` would change, with every guard run; nothing is written.
 
     A batch the publish would refuse plans to no change, with the refusal's message: a plan
     reports it instead of raising. ``refusal`` is one decided before the publish (a blocking
-    check): the batch is then not staged at all.
+    check): the batch is then not staged at all. ``keep_rows``: the plan holds the window's
+    rows as the publish would leave them, for the plans of assets downstream.
     """
     backend = as_backend(store)
     now = now or datetime.now(UTC)
@@ -115,7 +120,7 @@ def plan(
             refuse_repeated_names(batch.column_names, where, backend.capabilities.engine)
             with backend.begin(where) as tx:
                 scope, _ = judge(tx, backend.capabilities, batch, settings, window, where, now)
-                raise _Planned(_compared(backend, scope))
+                raise _Planned(_compared(backend, scope, keep_rows))
         except _Planned as planned:
             return planned.plan
         except IdempotencyError as exc:
@@ -127,7 +132,7 @@ def plan(
     raise AssertionError("unreachable: the last attempt returns")
 
 
-def _compared(backend: Backend, scope: Scope) -> PublishPlan:
+def _compared(backend: Backend, scope: Scope, keep_rows: bool) -> PublishPlan:
     """The staged batch against the window as stored, in the embedded evaluator."""
     settings = scope.settings
     names = [c.stored_name for c in scope.fitted.columns]
@@ -143,17 +148,23 @@ def _compared(backend: Backend, scope: Scope) -> PublishPlan:
     before = _aligned(stored, after, names)
     key = scope.key if settings.mode == "merge" else []
     evaluator = embedded()
+    rows = None
     try:
+        planned, stored_rows = evaluator.register(after), evaluator.register(before)
         found = evaluator.rows(
             statements.plan_diff(
-                _name(evaluator.register(after)),
-                _name(evaluator.register(before)),
-                names,
-                key,
-                scope.cells,
-                settings.delete_missing,
+                _name(planned), _name(stored_rows), names, key, scope.cells, settings.delete_missing
             )
         )
+        if keep_rows:
+            rows = after
+            if key and not settings.delete_missing:
+                # An upsert keeps the window's rows whose key the batch does not hold.
+                on = " AND ".join(f"a.{quote(k)} = b.{quote(k)}" for k in key)
+                kept = evaluator.arrow(
+                    f"SELECT b.* FROM {stored_rows} b ANTI JOIN {planned} a ON {on}"
+                )
+                rows = pa.concat_tables([after, kept.cast(after.schema)])
     finally:
         evaluator.release()
         evaluator.conn.close()
@@ -177,6 +188,7 @@ def _compared(backend: Backend, scope: Scope) -> PublishPlan:
         partitions=keys,
         total=total,
         per_partition=per_partition,
+        rows=rows,
     )
 
 
