@@ -24,6 +24,7 @@ from benchmarks import (
     bench_materialize,
     bench_memory,
     bench_merge,
+    bench_plan,
     bench_postgres,
     bench_publish,
     bench_scaling,
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "delta": bench_delta,
     "postgres": bench_postgres,
     "iceberg": bench_iceberg,
+    "plan": bench_plan,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"
 

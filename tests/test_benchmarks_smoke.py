@@ -20,6 +20,7 @@ BENCHMARKS = [
     "delta",
     "postgres",
     "iceberg",
+    "plan",
 ]
 
 

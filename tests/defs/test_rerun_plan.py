@@ -65,16 +65,10 @@ def test_the_documented_backfill_plan_runs_as_printed_and_prints_its_table(
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     (block,) = section_blocks("bash")
-    commands = [line for line in block.splitlines() if line.strip()]
-    assert len(commands) == 4
-    outputs = []
-    for number, command in enumerate(commands):
-        if number == len(commands) - 1:
-            before = fingerprints(database)
-            with dg.DagsterInstance.from_config(str(home)) as instance:
-                recorded = {
-                    t: instance.get_latest_materialization_event(dg.AssetKey(t)) for t in TABLES
-                }
+    *loads, planned = [line for line in block.splitlines() if line.strip()]
+    assert len(loads) == 3
+
+    def sh(command: str) -> str:
         done = subprocess.run(
             ["bash", "-c", command],
             cwd=REPO,
@@ -84,10 +78,18 @@ def test_the_documented_backfill_plan_runs_as_printed_and_prints_its_table(
             timeout=900,
             check=False,
         )
-        outputs.append(done.stdout + done.stderr)
-        assert done.returncode == 0, outputs[-1][-3000:]
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-3000:]
+        return output
+
+    for command in loads:
+        sh(command)
+    before = fingerprints(database)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        recorded = {t: instance.get_latest_materialization_event(dg.AssetKey(t)) for t in TABLES}
+    output = sh(planned)
     (printed,) = section_blocks("text")
-    assert last_plan_table(outputs[-1]) == printed
+    assert last_plan_table(output) == printed
     assert fingerprints(database) == before
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert {
