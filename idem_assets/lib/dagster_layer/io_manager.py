@@ -16,7 +16,12 @@ from pydantic import Field
 
 from idem_assets.lib.dagster_layer.data_versions import record_data_version
 from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
-from idem_assets.lib.dagster_layer.plan import plan_output, plan_run, with_planned_rows
+from idem_assets.lib.dagster_layer.plan import (
+    plan_output,
+    plan_run,
+    planned_upstream,
+    with_planned_rows,
+)
 from idem_assets.lib.model.errors import MissingUpstreamError
 from idem_assets.lib.model.settings import (
     WriteMode,
@@ -124,9 +129,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         # A partition mapping can map to no upstream partition at all (the first day of a
         # self-dependent asset): that input is empty, never the whole table.
         maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
-        planning = plan_run(context)
+        # In a plan run, the rows its upstream's plan would have published (in this process).
+        planned = planned_upstream(context)
         with self._backend() as backend:
-            loaded = backend.load(settings, window, maps_to_nothing, want_arrow or planning)
+            loaded = backend.load(settings, window, maps_to_nothing, want_arrow or bool(planned))
             if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
@@ -141,10 +147,9 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
-        if planning:
-            # A plan run's input holds what its upstream's plan would have published.
+        if planned is not None:
             assert isinstance(loaded, pa.Table)
-            loaded = with_planned_rows(context, settings, window, loaded)
+            loaded = with_planned_rows(context, settings, window, loaded, planned)
             return from_arrow(loaded, frame_type) if want_arrow else loaded.to_pandas()
         return from_arrow(loaded, frame_type) if want_arrow else loaded
 

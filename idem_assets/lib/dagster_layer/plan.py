@@ -103,8 +103,19 @@ def _remember(
         _current(run_id)["rows"][key] = _PlannedRows(window, planned.rows)
 
 
+def planned_upstream(context: dg.InputContext) -> _PlannedRows | None:
+    """The rows the plan of this input's upstream would publish, if it ran in this process."""
+    if not plan_run(context):
+        return None
+    return _current(context.step_context.run_id)["rows"].get(context.asset_key)
+
+
 def with_planned_rows(
-    context: dg.InputContext, settings: WriteSettings, window: WriteWindow | None, stored: pa.Table
+    context: dg.InputContext,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    stored: pa.Table,
+    found: _PlannedRows,
 ) -> pa.Table:
     """The input's stored rows with the partitions its upstream planned in this run replaced.
 
@@ -112,8 +123,7 @@ def with_planned_rows(
     with its upstream's planned rows it sees what a real run would hand it.
     """
     run = _current(context.step_context.run_id)
-    found: _PlannedRows | None = run["rows"].get(context.asset_key)
-    if found is None or window is None or not settings.partition_columns:
+    if window is None or not settings.partition_columns:
         return stored
     keys = [k for k in window.keys if k in set(found.window.keys)]
     if not keys or set(found.rows.column_names) != set(stored.column_names):
