@@ -400,15 +400,17 @@ def _hashed(
 #: Rows that stay the same between the window as stored (b) and as planned (a), by content:
 #: a multiset of (partition, row hash) pairs on each side.
 _BY_CONTENT = """
-SELECT p, sum(nb), coalesce(sum(nb * CAST(hb AS HUGEINT)), 0), sum(na),
-  coalesce(sum(na * CAST(ha AS HUGEINT)), 0), sum(na - same), 0, sum(nb - same), sum(same)
+SELECT p, sum(nb), coalesce(sum(nb * CAST(h AS HUGEINT)), 0), sum(na),
+  coalesce(sum(na * CAST(h AS HUGEINT)), 0), sum(na - least(na, nb)), 0,
+  sum(nb - least(na, nb)), sum(least(na, nb))
 FROM (
-  SELECT coalesce(a."idem-p", b."idem-p") AS p, coalesce(a."idem-n", 0) AS na,
-    coalesce(b."idem-n", 0) AS nb, a."idem-h" AS ha, b."idem-h" AS hb,
-    least(coalesce(a."idem-n", 0), coalesce(b."idem-n", 0)) AS same
-  FROM (SELECT "idem-p", "idem-h", count(*) AS "idem-n" FROM "idem-after" GROUP BY ALL) AS a
-  FULL JOIN (SELECT "idem-p", "idem-h", count(*) AS "idem-n" FROM "idem-before" GROUP BY ALL) AS b
-    ON a."idem-p" IS NOT DISTINCT FROM b."idem-p" AND a."idem-h" = b."idem-h"
+  SELECT p, h, count(*) FILTER (WHERE side = 0) AS na, count(*) FILTER (WHERE side = 1) AS nb
+  FROM (
+    SELECT "idem-p" AS p, "idem-h" AS h, 0 AS side FROM "idem-after"
+    UNION ALL
+    SELECT "idem-p", "idem-h", 1 FROM "idem-before"
+  ) AS sides
+  GROUP BY 1, 2
 ) AS pairs
 GROUP BY 1
 """
