@@ -8,6 +8,7 @@ import dagster as dg
 import pytest
 
 import idem_assets as ia
+from idem_assets.lib.outbox.content import fingerprints_of
 
 from .support import fingerprint, read, run
 from .test_audit import in_window_trips, pipeline, with_bad_passengers
@@ -145,3 +146,30 @@ def test_a_run_not_tagged_as_a_plan_publishes(tmp_path: Path, value: str) -> Non
         result = plan_run(pipeline(), db, instance, {ia.PLAN_TAG: value})
         assert result.success
         assert len(result.get_asset_materialization_events()) == 2
+
+
+def test_a_plan_delivers_nothing_and_creates_no_ledger(tmp_path: Path) -> None:
+    """The outbox in a plan run: revision 1 would be delivered; nothing sent, no ledger made."""
+    sent: list[str] = []
+    ledger = tmp_path / "outbox" / "ledger.sqlite"
+
+    @dg.asset(partitions_def=dg.DailyPartitionsDefinition(start_date="2026-01-01"))
+    def email(context: dg.AssetExecutionContext, outbox: ia.Outbox) -> dg.MaterializeResult:
+        result = outbox.deliver(context, "email", "report", lambda d: sent.append(d.key))
+        return dg.MaterializeResult(metadata={"outcome": result.outcome})
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = dg.materialize(
+            [email],
+            resources={"outbox": ia.Outbox(ledger=str(ledger))},
+            partition_key=DAY,
+            tags=dict(ia.PLAN_TAGS),
+            instance=instance,
+        )
+        assert result.success
+        log = "\n".join(e.user_message for e in instance.all_logs(result.run_id))
+    key = ia.idempotency_key("email", DAY, "email", 1, fingerprints_of("report")[0])
+    assert f"Outbox (plan): would deliver email of asset 'email', partition {DAY}" in log
+    assert f"revision 1, key {key}" in log
+    assert sent == []
+    assert not ledger.parent.exists()
