@@ -5,12 +5,13 @@ import re
 from pathlib import Path
 
 import dagster as dg
+import duckdb
 import pytest
 
 import idem_assets as ia
 from idem_assets.lib.outbox.content import fingerprints_of
 
-from .support import fingerprint, read, run
+from .support import fingerprint, read, run, trips
 from .test_audit import in_window_trips, pipeline, with_bad_passengers
 
 DAY = "2026-01-02"
@@ -173,3 +174,21 @@ def test_a_plan_delivers_nothing_and_creates_no_ledger(tmp_path: Path) -> None:
     assert f"revision 1, key {key}" in log
     assert sent == []
     assert not ledger.parent.exists()
+
+
+def test_a_first_backfill_plans_its_downstream_against_the_planned_rows(tmp_path: Path) -> None:
+    """No table yet: the upstream plans every row new, and its downstream plans on those rows."""
+    db = tmp_path / "w.duckdb"
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = plan_run(pipeline(), db, instance, dict(ia.PLAN_TAGS))
+        assert result.success
+        plans = observed(result)
+    busy = int((trips(DAY)["passenger_count"] >= 4).sum())
+    assert (plans["trips"]["rows_inserted"], plans["trips"]["fingerprint_before"]) == (
+        1000,
+        "(no table)",
+    )
+    assert plans["busy_trips"]["planned_against"] == "planned rows of trips"
+    assert (plans["busy_trips"]["rows_inserted"], plans["busy_trips"]["rows_after"]) == (busy, busy)
+    with duckdb.connect(str(db), read_only=True) as conn:
+        assert conn.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (0,)

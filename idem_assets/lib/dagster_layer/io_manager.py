@@ -19,8 +19,8 @@ from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arr
 from idem_assets.lib.dagster_layer.plan import (
     plan_output,
     plan_run,
+    planned_input,
     planned_upstream,
-    with_planned_rows,
 )
 from idem_assets.lib.model.errors import MissingUpstreamError
 from idem_assets.lib.model.settings import (
@@ -129,10 +129,12 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         # A partition mapping can map to no upstream partition at all (the first day of a
         # self-dependent asset): that input is empty, never the whole table.
         maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
-        # In a plan run, the rows its upstream's plan would have published (in this process).
         planned = planned_upstream(context)
+        if planned is not None:
+            # A plan run's input holds what its upstream's plan would have published.
+            return planned_input(context, self._backend, settings, window, planned)
         with self._backend() as backend:
-            loaded = backend.load(settings, window, maps_to_nothing, want_arrow or bool(planned))
+            loaded = backend.load(settings, window, maps_to_nothing, want_arrow)
             if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
@@ -147,10 +149,6 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
-        if planned is not None:
-            assert isinstance(loaded, pa.Table)
-            loaded = with_planned_rows(context, settings, window, loaded, planned)
-            return from_arrow(loaded, frame_type) if want_arrow else loaded.to_pandas()
         return from_arrow(loaded, frame_type) if want_arrow else loaded
 
     def read_asset(

@@ -21,6 +21,7 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
+from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow
 from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import WriteWindow, stored_region
@@ -110,18 +111,37 @@ def planned_upstream(context: dg.InputContext) -> _PlannedRows | None:
     return _current(context.step_context.run_id)["rows"].get(context.asset_key)
 
 
-def with_planned_rows(
+def planned_input(
+    context: dg.InputContext,
+    backend: Callable[[], AbstractContextManager[Backend]],
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    found: _PlannedRows,
+) -> Any:
+    """An input of a plan run: the stored rows, the partitions its upstream planned replaced.
+
+    A plan writes nothing, so a downstream asset would otherwise plan against what is stored;
+    with its upstream's planned rows it sees what a real run would hand it (a table that does
+    not exist yet holds no rows but the planned ones).
+    """
+    nothing = context.has_asset_partitions and not context.asset_partition_keys
+    with backend() as opened:
+        stored = opened.load(settings, window, nothing, True)
+    assert stored is None or isinstance(stored, pa.Table)
+    stored = found.rows.schema.empty_table() if stored is None else stored
+    rows = stored if nothing else _with_planned_rows(context, settings, window, stored, found)
+    frame_type = context.dagster_type.typing_type
+    return from_arrow(rows, frame_type) if reads_arrow(frame_type) else rows.to_pandas()
+
+
+def _with_planned_rows(
     context: dg.InputContext,
     settings: WriteSettings,
     window: WriteWindow | None,
     stored: pa.Table,
     found: _PlannedRows,
 ) -> pa.Table:
-    """The input's stored rows with the partitions its upstream planned in this run replaced.
-
-    A plan writes nothing, so a downstream asset would otherwise plan against what is stored;
-    with its upstream's planned rows it sees what a real run would hand it.
-    """
+    """The stored rows with the partitions the upstream planned in this run replaced."""
     run = _current(context.step_context.run_id)
     if window is None or not settings.partition_columns:
         return stored
