@@ -24,6 +24,7 @@ from benchmarks import (
     bench_materialize,
     bench_memory,
     bench_merge,
+    bench_plan,
     bench_postgres,
     bench_publish,
     bench_scaling,
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "postgres": bench_postgres,
     "iceberg": bench_iceberg,
     "spark": bench_spark,
+    "plan": bench_plan,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"
 

@@ -21,6 +21,7 @@ from idem_assets.lib.dagster_layer.checks import (
 )
 from idem_assets.lib.dagster_layer.data_versions import content_changed, record_data_version
 from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
+from idem_assets.lib.dagster_layer.plan import PLAN_TAG, PLAN_TAGS, run_plan
 from idem_assets.lib.model.errors import (
     BlockingCheckError,
     ConcurrentWriteError,
@@ -50,6 +51,7 @@ from idem_assets.lib.outbox.outbox import (
     Outbox,
     idempotency_key,
 )
+from idem_assets.lib.write.plan import PartitionPlan, PublishPlan, plan
 from idem_assets.lib.write.publish import PublishResult, publish, table_fingerprint
 
 if TYPE_CHECKING:
@@ -92,6 +94,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "PLAN_TAG",
+    "PLAN_TAGS",
     "AuditReport",
     "Batch",
     "BlockingCheckError",
@@ -118,9 +122,11 @@ __all__ = [
     "NullValueError",
     "Outbox",
     "OutboxError",
+    "PartitionPlan",
     "PartitionWindow",
     "PostgresMergeIOManager",
     "PostgresOverwriteIOManager",
+    "PublishPlan",
     "PublishResult",
     "RuntimeValueError",
     "SchemaMismatchError",
@@ -142,12 +148,14 @@ __all__ = [
     "idempotency_key",
     "in_window",
     "not_null",
+    "plan",
     "publish",
     "qualified",
     "quote",
     "record_data_version",
     "resolve_settings",
     "row_count",
+    "run_plan",
     "stage",
     "table_fingerprint",
     "unique",

@@ -21,6 +21,7 @@ BENCHMARKS = [
     "postgres",
     "iceberg",
     "spark",
+    "plan",
 ]
 
 

@@ -56,6 +56,23 @@ RUN_BY: dict[str, dict[str, str]] = {
         " --noprompt": FIRST_HOUR,
         "dg launch --assets revenue_running_total --partition 2026-01-05": FIRST_HOUR,
     },
+    "docs/rerun-plan.md": {
+        command: (
+            "tests/defs/test_rerun_plan.py::"
+            "test_the_documented_backfill_plan_runs_as_printed_and_prints_its_table"
+        )
+        for command in (
+            "python -m idem_assets.landing generate --start 2026-01-01 --end 2026-01-31",
+            "dagster job execute -m idem_assets.definitions -j taxi_daily --tags"
+            ' \'{"dagster/asset_partition_range_start": "2026-01-01",'
+            ' "dagster/asset_partition_range_end": "2026-01-31"}\'',
+            "python -m idem_assets.landing mess --day 2026-01-15 --correct",
+            "dagster job execute -m idem_assets.definitions -j taxi_daily --tags"
+            ' \'{"idem/plan": "true", "dagster/defer_asset_events": "true",'
+            ' "dagster/asset_partition_range_start": "2026-01-01",'
+            ' "dagster/asset_partition_range_end": "2026-01-31"}\'',
+        )
+    },
     "docs/bad-inputs.md": {
         ".venv/bin/python -m pytest tests/reliability/test_bad_inputs.py -q -p no:cacheprovider": (
             "tests/test_docs_commands.py::test_the_bad_input_catalogue_command_runs_as_printed"

@@ -38,6 +38,7 @@ from idem_assets.lib.dagster_layer.checks import (
     judge,
 )
 from idem_assets.lib.dagster_layer.frames import to_arrow
+from idem_assets.lib.dagster_layer.plan import PLAN_TAG, REFUSAL_KEY, plan_run
 from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import (
@@ -286,7 +287,13 @@ def run_audit(
         window = window_from_keys(context.assets_def.partitions_def, context.partition_keys, asset)
     report = audit_table(table, checks, partition_expr, window, batch.expected_rows)
     failures = report.blocking_failures
-    if window is None or not partition_expr:
+    partitioned = window is not None and bool(partition_expr)
+    if plan_run(context):
+        # A plan records no verdict: the checks' history is of batches that were published.
+        # Its IO manager reports the refusal with the plan instead.
+        yield from _planned(context, report, partition_expr, window, asset)
+        return
+    if not partitioned:
         results = check_results(report, asset_key)
         if failures:
             yield from results
@@ -294,14 +301,74 @@ def run_audit(
         yield dg.Output(table)
         yield from results
         return
+    assert window is not None
     days = split_by_partition(report.table, report.verdicts, partition_expr, window)
     if failures:
         yield from _reported(context, day_evaluations(days, asset_key, {}, published=False))
-        failed_days = sorted({d.key for d in days if not d.passed and d.check.blocking})
-        raise BlockingCheckError(refusal(asset, window, failures, failed_days))
+        raise BlockingCheckError(refusal(asset, window, failures, _failed_days(days)))
     yield dg.Output(table)
     targets = run_materializations(context.instance, asset_key, window.keys, context.run.run_id)
     yield from _reported(context, day_evaluations(days, asset_key, targets, published=True))
+
+
+def _failed_days(days: Sequence[Any]) -> list[str]:
+    return sorted({d.key for d in days if not d.passed and d.check.blocking})
+
+
+def _planned(
+    context: dg.AssetExecutionContext,
+    report: AuditReport,
+    partition_expr: Any,
+    window: WriteWindow | None,
+    asset: str,
+) -> Iterator[dg.Output | dg.AssetCheckEvaluation]:
+    """The batch for a plan with the refusal it would meet, then every verdict, none blocking.
+
+    Dagster fails a step on a failed blocking verdict; a plan reports the refusal instead, so
+    its verdicts are recorded as the plan's (``judged`` says so) and none blocks.
+    """
+    asset_key = context.asset_key
+    failures = report.blocking_failures
+    if window is not None and partition_expr:
+        days = split_by_partition(report.table, report.verdicts, partition_expr, window)
+        found = day_evaluations(days, asset_key, {}, published=False)
+        failed = _failed_days(days)
+    else:
+        found = [_evaluation(r) for r in check_results(report, asset_key)]
+        failed = []
+    metadata = {REFUSAL_KEY: refusal(asset, window, failures, failed)} if failures else {}
+    yield dg.Output(report.table, metadata=metadata)
+    yield from _reported(context, [_as_planned(e) for e in found])
+
+
+def _evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
+    assert result.asset_key is not None and result.check_name is not None
+    return dg.AssetCheckEvaluation(
+        asset_key=result.asset_key,
+        check_name=result.check_name,
+        passed=result.passed,
+        metadata=result.metadata,
+        severity=result.severity,
+        description=result.description,
+    )
+
+
+def _as_planned(evaluation: dg.AssetCheckEvaluation) -> dg.AssetCheckEvaluation:
+    """A verdict of a plan's batch: it blocks nothing, and it says it judged a plan."""
+    return dg.AssetCheckEvaluation(
+        asset_key=evaluation.asset_key,
+        check_name=evaluation.check_name,
+        passed=evaluation.passed,
+        metadata={
+            **evaluation.metadata,
+            "judged": "the staged batch of a plan run, which publishes nothing",
+            PLAN_TAG: True,
+        },
+        severity=evaluation.severity,
+        description=evaluation.description,
+        blocking=False,
+        partition=evaluation.partition,
+    )
 
 
 def _reported(

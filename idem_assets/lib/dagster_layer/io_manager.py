@@ -17,6 +17,12 @@ from pydantic import Field
 from idem_assets.lib.dagster_layer.data_versions import record_data_version
 from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
 from idem_assets.lib.dagster_layer.op_outputs import op_settings, op_window
+from idem_assets.lib.dagster_layer.plan import (
+    plan_output,
+    plan_run,
+    planned_input,
+    planned_upstream,
+)
 from idem_assets.lib.model.errors import ConfigurationError, MissingUpstreamError
 from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.settings import (
@@ -114,6 +120,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         settings = self._settings(context)
         window = self._window(context, settings)
         batch = self._batch(obj, settings.asset)
+        if plan_run(context):
+            # A plan run stages and judges the batch like a publish, and writes nothing.
+            plan_output(context, self._backend, batch, settings, window)
+            return
         with self._backend() as backend:
             result = publish(backend, batch, settings, window)
         context.add_output_metadata(
@@ -150,6 +160,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         # A partition mapping can map to no upstream partition at all (the first day of a
         # self-dependent asset): that input is empty, never the whole table.
         maps_to_nothing = context.has_asset_partitions and not context.asset_partition_keys
+        planned = planned_upstream(context)
+        if planned is not None:
+            # A plan run's input holds what its upstream's plan would have published.
+            return planned_input(context, self._backend, settings, window, planned)
         columns = input_columns(context, settings.asset)
         with self._backend() as backend:
             loaded = backend.load(settings, window, maps_to_nothing, want_arrow, columns)

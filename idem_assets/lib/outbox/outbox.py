@@ -29,6 +29,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field
 
+from idem_assets.lib.dagster_layer.plan import is_plan
 from idem_assets.lib.model.errors import ConfigurationError, OutboxError
 from idem_assets.lib.outbox.content import fingerprints_of
 
@@ -44,7 +45,8 @@ OUTBOX_STAGE_HOOK: ContextVar[Callable[[str], None] | None] = ContextVar(
 #: deliveries from the ones that bypass it (``idem_assets.testing`` reads it).
 OUTBOX_SENDING: ContextVar[bool] = ContextVar("idem_outbox_sending", default=False)
 
-Outcome = Literal["performed", "retried", "skipped"]
+#: A plan run's deliveries are only ``"would deliver"`` or ``"would skip"``: nothing is sent.
+Outcome = Literal["performed", "retried", "skipped", "would deliver", "would skip"]
 
 #: The Dagster instance remembers each ledger it saw in use (a daemon cursor, keyed by path), so
 #: a ledger that vanishes is refused instead of silently starting every revision again at 1.
@@ -184,6 +186,8 @@ class Outbox(dg.ConfigurableResource):
         fingerprint, earlier = fingerprints_of(content)
         stage = on_stage or OUTBOX_STAGE_HOOK.get() or _no_stage
         where = f"{action} of asset '{asset}', partition {part or '(unpartitioned)'}"
+        if is_plan(context.run.tags):
+            return self._planned(context, where, asset, part, action, (fingerprint, *earlier))
         started = self._known_ledger(context.instance, where)
         with self._connect(where) as conn:
             run_id = context.run.run_id
@@ -235,6 +239,45 @@ class Outbox(dg.ConfigurableResource):
             + "."
         )
         return DeliveryResult(outcome, delivery)
+
+    def _planned(
+        self,
+        context: dg.AssetExecutionContext | dg.OpExecutionContext,
+        where: str,
+        asset: str,
+        partition: str,
+        action: str,
+        fingerprints: Sequence[str],
+    ) -> DeliveryResult:
+        """What a delivery would do, read from the ledger without claiming or sending anything."""
+        path = Path(self.ledger)
+        latest: list[tuple[Any, ...]] = []
+        if path.exists():
+            # Read-only: a plan neither creates the ledger nor takes its write lock.
+            with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as conn:
+                latest = _latest(conn, asset, partition, action)
+        if latest and latest[0][1] in fingerprints and latest[0][4] == "delivered":
+            revision, recorded, key, supersedes, _ = latest[0]
+            delivery = Delivery(asset, partition, action, revision, recorded, key, supersedes)
+            context.log.info(
+                f"Outbox (plan): would skip {where}: revision {revision} already delivered this"
+                " content."
+            )
+            return DeliveryResult("would skip", delivery)
+        if latest and latest[0][1] in fingerprints:
+            revision, recorded, key, supersedes, _ = latest[0]
+        else:
+            revision = latest[0][0] + 1 if latest else 1
+            supersedes = latest[0][2] if latest else None
+            recorded = fingerprints[0]
+            key = idempotency_key(asset, partition, action, revision, recorded)
+        delivery = Delivery(asset, partition, action, revision, recorded, key, supersedes)
+        context.log.info(
+            f"Outbox (plan): would deliver {where}: revision {revision}, key {key}"
+            + (f", superseding {supersedes}" if supersedes else "")
+            + ". Nothing was sent."
+        )
+        return DeliveryResult("would deliver", delivery)
 
     def records(self) -> list[DeliveryRecord]:
         """Every ledger row, oldest first."""
@@ -304,12 +347,7 @@ class Outbox(dg.ConfigurableResource):
         # IMMEDIATE takes the write lock before reading, so two runs cannot claim one revision.
         conn.execute("BEGIN IMMEDIATE")
         try:
-            latest = conn.execute(
-                "SELECT revision, fingerprint, idempotency_key, supersedes, status"
-                " FROM outbox_deliveries WHERE asset = ? AND partition_key = ? AND action = ?"
-                " ORDER BY revision DESC LIMIT 1",
-                [asset, partition, action],
-            ).fetchall()
+            latest = _latest(conn, asset, partition, action)
             if latest and latest[0][1] in fingerprints:
                 # The revision keeps the fingerprint its key was made of.
                 revision, recorded, key, supersedes, status = latest[0]
@@ -342,6 +380,18 @@ class Outbox(dg.ConfigurableResource):
         return "performed", Delivery(
             asset, partition, action, revision, fingerprint, key, supersedes
         )
+
+
+def _latest(
+    conn: sqlite3.Connection, asset: str, partition: str, action: str
+) -> list[tuple[Any, ...]]:
+    """The latest revision of an action: ``(revision, fingerprint, key, supersedes, status)``."""
+    return conn.execute(
+        "SELECT revision, fingerprint, idempotency_key, supersedes, status"
+        " FROM outbox_deliveries WHERE asset = ? AND partition_key = ? AND action = ?"
+        " ORDER BY revision DESC LIMIT 1",
+        [asset, partition, action],
+    ).fetchall()
 
 
 def _now() -> str:

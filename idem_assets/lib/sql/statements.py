@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache, wraps
 from typing import Any, ParamSpec
 
+import sqlglot
 from sqlglot import exp
 
 from idem_assets.lib.model.identifiers import validate_identifier
@@ -363,6 +364,114 @@ def partition_fingerprints(
         .from_(relation(target))
         .where(inside)
         .group_by(exp.Literal.number(1))
+    )
+
+
+# Plans -----------------------------------------------------------------------------------------
+
+#: What :func:`plan_diff` returns per partition, in order.
+PLAN_COLUMNS = (
+    "partition_key",
+    "rows_before",
+    "hash_before",
+    "rows_after",
+    "hash_after",
+    "inserted",
+    "updated",
+    "deleted",
+    "unchanged",
+)
+
+
+def _hashed(
+    params: Params, source: Rel, names: Sequence[str], key: Sequence[str], cells: Sequence[Cell]
+) -> exp.Select:
+    """Each row's partition, key (as the library's own names) and hash: one side of a plan."""
+    partition = _partition_case(params, cells, None) if cells else exp.Null()
+    keys = [exp.alias_(c, f"idem-k{i}", quoted=True) for i, c in enumerate(columns(key))]
+    hashed = exp.Anonymous(this="hash", expressions=columns(sorted(names)))
+    return exp.select(
+        exp.alias_(partition, "idem-p", quoted=True),
+        *keys,
+        exp.alias_(hashed, "idem-h", quoted=True),
+    ).from_(relation(source))
+
+
+#: Rows that stay the same between the window as stored (b) and as planned (a), by content:
+#: a multiset of (partition, row hash) pairs on each side.
+_BY_CONTENT = """
+SELECT p, sum(nb), coalesce(sum(nb * CAST(h AS HUGEINT)), 0), sum(na),
+  coalesce(sum(na * CAST(h AS HUGEINT)), 0), sum(na - least(na, nb)), 0,
+  sum(nb - least(na, nb)), sum(least(na, nb))
+FROM (
+  SELECT p, h, count(*) FILTER (WHERE side = 0) AS na, count(*) FILTER (WHERE side = 1) AS nb
+  FROM (
+    SELECT "idem-p" AS p, "idem-h" AS h, 0 AS side FROM "idem-after"
+    UNION ALL
+    SELECT "idem-p", "idem-h", 1 FROM "idem-before"
+  ) AS sides
+  GROUP BY 1, 2
+) AS pairs
+GROUP BY 1
+"""
+
+#: By key: a planned row inserts a key the window lacks, updates one whose row differs, or
+#: leaves it; a stored row whose key the batch lacks is deleted or kept ({kept}).
+_BY_KEY = """
+SELECT p, sum(rb), coalesce(sum(CAST(hb AS HUGEINT)), 0), sum(ra),
+  coalesce(sum(CAST(ha AS HUGEINT)), 0), sum(ins), sum(upd), sum(del), sum(same)
+FROM (
+  SELECT ap AS p, 0 AS rb, NULL AS hb, 1 AS ra, ah AS ha, CAST(bh IS NULL AS INT) AS ins,
+    CAST(bh IS NOT NULL AND ah <> bh AS INT) AS upd, 0 AS del,
+    CAST(bh IS NOT NULL AND ah = bh AS INT) AS same
+  FROM j WHERE ah IS NOT NULL
+  UNION ALL
+  SELECT bp, 1, bh, {kept}, CASE WHEN {kept} = 1 THEN bh END, 0, 0, 1 - {kept}, {kept}
+  FROM j WHERE bh IS NOT NULL AND ah IS NULL
+  UNION ALL
+  SELECT bp, 1, bh, 0, NULL, 0, 0, 0, 0 FROM j WHERE bh IS NOT NULL AND ah IS NOT NULL
+) AS sides
+GROUP BY 1
+"""
+
+
+@statement(windows=("cells",), relations=("after", "before"))
+def plan_diff(
+    params: Params,
+    after: Rel,
+    before: Rel,
+    names: Sequence[str],
+    key: Sequence[str],
+    cells: Sequence[Cell],
+    delete_missing: bool = False,
+) -> exp.Expr:
+    """What a publish of ``after`` does to the window ``before`` holds: :data:`PLAN_COLUMNS`.
+
+    Without ``key`` (an overwrite) rows are compared by content: a changed row is one deleted
+    and one inserted. With ``key`` (a merge) a batch row whose key the window holds updates it
+    when its content differs; the window's other rows are deleted with ``delete_missing``, kept
+    otherwise. Hashes and sums are the fingerprint's (:func:`fingerprint`), so the planned
+    fingerprint is the one the publish would leave. One row per partition of ``cells`` (one
+    row under NULL without cells). DuckDB's dialect only: it runs in the evaluator.
+    """
+    a = _hashed(params, after, names, key, cells)
+    b = _hashed(params, before, names, key, cells)
+    if not key:
+        tree = sqlglot.parse_one(_BY_CONTENT, read="duckdb")
+        assert isinstance(tree, exp.Select)
+        return tree.with_('"idem-after"', as_=a).with_('"idem-before"', as_=b)
+    # The key columns go by the library's own names, so no user name is spelt in this text.
+    same = " AND ".join(f'a."idem-k{i}" = b."idem-k{i}"' for i in range(len(key)))
+    joined = (
+        'SELECT a."idem-p" AS ap, b."idem-p" AS bp, a."idem-h" AS ah, b."idem-h" AS bh'
+        f' FROM "idem-after" AS a FULL JOIN "idem-before" AS b ON {same}'
+    )
+    tree = sqlglot.parse_one(_BY_KEY.format(kept="0" if delete_missing else "1"), read="duckdb")
+    assert isinstance(tree, exp.Select)
+    return (
+        tree.with_('"idem-after"', as_=a)
+        .with_('"idem-before"', as_=b)
+        .with_("j", as_=joined, dialect="duckdb")
     )
 
 

@@ -131,9 +131,7 @@ def publish(
     caps = backend.capabilities
     now = now or datetime.now(UTC)
     hook = on_stage or STAGE_HOOK.get() or _no_stage
-    where = f"asset '{settings.asset}'"
-    if window:
-        where += f", partition {window.describe()}"
+    where = where_of(settings, window)
     probe = batch.probe if isinstance(batch, EngineBatch) else batch
     refuse_repeated_names(probe.column_names, where, caps.engine)
     for attempt in range(1, attempts + 1):
@@ -175,6 +173,35 @@ def _publish_in(
     on_stage: Callable[[str], None],
 ) -> PublishResult:
     """Every step of one attempt, in the contract's order; the caller's ``with`` commits."""
+    scope, summary = judge(tx, caps, batch, settings, window, where, now)
+    snapshot = scope.snapshot
+    on_stage("guards_passed")
+    plan = WritePlan(scope, create=not snapshot.exists, claim=snapshot.owner is None)
+    written = tx.write(plan, on_stage)
+    if written.owner is not None:
+        # A concurrent first writer of another asset may have claimed the table meanwhile.
+        guards.refuse_other_owner(settings, where, written.owner, snapshot)
+    on_stage("inserted")
+    on_stage("before_commit")
+    if caps.recheck_keys_at_commit and scope.settings.mode == "merge" and scope.pcols:
+        guards.refuse_keys_elsewhere(scope, tx.summarize(scope, final=True), concurrent=True)
+    return _result(scope, summary, written)
+
+
+def judge(
+    tx: Transaction,
+    caps: Capabilities,
+    batch: pa.Table | EngineBatch,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    where: str,
+    now: datetime,
+) -> tuple[Scope, Summary]:
+    """Describe, fit and stage the batch, then run every guard: all a publish does before writing.
+
+    Raises the refusal the publish would raise; a plan (:mod:`idem_assets.lib.write.plan`)
+    runs exactly these steps and writes nothing.
+    """
     snapshot = tx.describe(settings)
     guards.refuse_foreign(settings, where, snapshot, caps.engine)
     # A batch that stays in its engine is checked on its probe here, and whole once staged.
@@ -192,18 +219,15 @@ def _publish_in(
     guards.refuse_erasing(scope, found.rows, summary.existing)
     guards.refuse_keys_elsewhere(scope, summary)
     guards.refuse_removing_appended(scope, summary, caps.engine)
+    return scope, summary
 
-    on_stage("guards_passed")
-    plan = WritePlan(scope, create=not snapshot.exists, claim=snapshot.owner is None)
-    written = tx.write(plan, on_stage)
-    if written.owner is not None:
-        # A concurrent first writer of another asset may have claimed the table meanwhile.
-        guards.refuse_other_owner(settings, where, written.owner, snapshot)
-    on_stage("inserted")
-    on_stage("before_commit")
-    if caps.recheck_keys_at_commit and scope.settings.mode == "merge" and scope.pcols:
-        guards.refuse_keys_elsewhere(scope, tx.summarize(scope, final=True), concurrent=True)
-    return _result(scope, summary, written)
+
+def where_of(settings: WriteSettings, window: WriteWindow | None) -> str:
+    """Where a publish writes, for messages: asset 'x', partition D."""
+    where = f"asset '{settings.asset}'"
+    if window:
+        where += f", partition {window.describe()}"
+    return where
 
 
 def _scope(
