@@ -207,8 +207,14 @@ def test_a_corrected_day_plans_exactly_what_its_publish_then_changes(
             for e in published.get_asset_materialization_events()
             if e.materialization.asset_key == dg.AssetKey("events")
         }
+        with store.open() as backend:
+            predicts = backend.capabilities.plan_predicts_fingerprints
+        # An engine that hashes rows its own way (Spark) plans no fingerprint for a changing day.
         assert {d: p["fingerprint_after"] for d, p in planned.items()} == {
-            d: md["fingerprint"].value for d, md in recorded.items()
+            d: md["fingerprint"].value
+            if predicts or planned[d]["plan"] == "no change"
+            else "(the engine's own, known once written)"
+            for d, md in recorded.items()
         }
         for other in (ALL_DAYS[0], ALL_DAYS[2]):
             assert planned[other]["plan"] == "no change"

@@ -238,7 +238,7 @@ def plan_metadata(
         "rows_before": part.rows_before,
         "rows_after": part.rows_after,
         "fingerprint_before": part.fingerprint_before or "(no table)",
-        "fingerprint_after": part.fingerprint_after or "(no table)",
+        "fingerprint_after": _after(part),
         "refused": plan.refused,
     }
     if plan.refused:
@@ -283,7 +283,7 @@ def plan_rows(plan: PublishPlan, keys: Sequence[str | None]) -> list[tuple[str, 
                 str(part.deleted),
                 str(part.unchanged),
                 part.fingerprint_before or "(no table)",
-                part.fingerprint_after or "(no table)",
+                _after(part),
             )
         )
     return rows
@@ -373,3 +373,10 @@ def _upstream(context: dg.OutputContext) -> list[str]:
         for k in node.parent_keys
         if k != context.asset_key
     )
+
+
+def _after(part: PartitionPlan) -> str:
+    """The planned fingerprint, or why there is none."""
+    if part.fingerprint_after:
+        return part.fingerprint_after
+    return "(the engine's own, known once written)" if part.rows_after else "(no table)"

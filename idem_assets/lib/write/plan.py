@@ -16,7 +16,7 @@ would record.
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import duckdb
@@ -182,6 +182,8 @@ def _compared(backend: Backend, scope: Scope, keep_rows: bool) -> PublishPlan:
     else:
         whole = counted.get(None, nothing)
     total = _partition_plan(whole, exists)
+    if not backend.capabilities.plan_predicts_fingerprints:
+        total, per_partition = _engine_fingerprints(backend, scope, total, per_partition)
     return PublishPlan(
         asset=settings.asset,
         table=scope.table_name,
@@ -223,6 +225,36 @@ def _partition_plan(sums: tuple[int, ...], exists: bool) -> PartitionPlan:
         fingerprint_before=digest(rows_before, hash_before) if exists else None,
         fingerprint_after=digest(rows_after, hash_after),
     )
+
+
+def _engine_fingerprints(
+    backend: Backend,
+    scope: Scope,
+    total: PartitionPlan,
+    per_partition: dict[str, PartitionPlan],
+) -> tuple[PartitionPlan, dict[str, PartitionPlan]]:
+    """Fingerprints the engine computes itself: read before; after only where nothing changes.
+
+    The engine hashes rows with its own function, so the fingerprint of rows not yet written
+    cannot be predicted: a changing partition plans ``None`` after, never a wrong value.
+    """
+    settings = scope.settings
+    table = TableRef.of(settings)
+
+    def engine(plan: PartitionPlan, window: WriteWindow | None) -> PartitionPlan:
+        found = backend.fingerprint(table, settings.partition_columns, window)
+        before = digest(*found) if found is not None and scope.table_exists else None
+        return replace(
+            plan, fingerprint_before=before, fingerprint_after=None if plan.changed else before
+        )
+
+    window = scope.window
+    parts = {p.key: p for p in window.partitions} if window is not None else {}
+    per = {
+        k: engine(p, WriteWindow((parts[k],), window.time_dimension) if window else None)
+        for k, p in per_partition.items()
+    }
+    return engine(total, window if scope.cells else None), per
 
 
 def _refused(

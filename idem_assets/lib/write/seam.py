@@ -302,6 +302,9 @@ class Capabilities:
     #: Whether a merge's keys must be counted again under a lock right before the commit, as
     #: READ COMMITTED hides another partition's uncommitted keys (PostgreSQL).
     recheck_keys_at_commit: bool = False
+    #: Whether the engine's fingerprints are the embedded evaluator's hash sums, so a plan can
+    #: predict the one a publish will record; Spark hashes rows with its own function.
+    plan_predicts_fingerprints: bool = True
 
 
 @runtime_checkable

@@ -76,6 +76,7 @@ from idem_assets.lib.write.seam import (
 
 CAPABILITIES = Capabilities(
     engine="Spark",
+    plan_predicts_fingerprints=False,
     types=SparkTypes(),
     commit="optimistic",
     # Staging floors timestamps to Spark's microseconds in Arrow (or Spark's own cast): a
