@@ -29,6 +29,23 @@ from idem_assets.lib.model.settings import WriteSettings
 Conversion = Literal["same", "cast", "checked"]
 
 
+#: Arrow types a Parquet table without unsigned, half-precision, date64 or large/view types
+#: stores in the next type that holds every value (Delta Lake and Spark): ``decimal(20, 0)`` is
+#: the only one that holds every uint64.
+PARQUET_WIDENINGS: dict[pa.DataType, pa.DataType] = {
+    pa.uint8(): pa.int16(),
+    pa.uint16(): pa.int32(),
+    pa.uint32(): pa.int64(),
+    pa.uint64(): pa.decimal128(20, 0),
+    pa.float16(): pa.float32(),
+    pa.date64(): pa.date32(),
+    pa.large_string(): pa.string(),
+    pa.string_view(): pa.string(),
+    pa.large_binary(): pa.binary(),
+    pa.binary_view(): pa.binary(),
+}
+
+
 class TypeDialect(Protocol):
     """What one engine decides about types: what it stores, and how its statements spell it."""
 

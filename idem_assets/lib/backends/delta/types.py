@@ -11,19 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-_WIDER = {
-    pa.uint8(): pa.int16(),
-    pa.uint16(): pa.int32(),
-    pa.uint32(): pa.int64(),
-    # The only Delta type that holds every uint64.
-    pa.uint64(): pa.decimal128(20, 0),
-    pa.float16(): pa.float32(),
-    pa.date64(): pa.date32(),
-    pa.large_string(): pa.string(),
-    pa.string_view(): pa.string(),
-    pa.large_binary(): pa.binary(),
-    pa.binary_view(): pa.binary(),
-}
+from idem_assets.lib.write.schema_fit import PARQUET_WIDENINGS
+
 _NAMES = {
     pa.bool_(): "BOOLEAN",
     pa.int8(): "TINYINT",
@@ -88,7 +77,7 @@ class DeltaTypes:
             return self.stored_type(batch_type.value_type)
         if pa.types.is_timestamp(batch_type):
             return pa.timestamp("us", tz="UTC" if batch_type.tz is not None else None)
-        return _WIDER.get(batch_type, batch_type)
+        return PARQUET_WIDENINGS.get(batch_type, batch_type)
 
     def type_sql(self, arrow_type: pa.DataType) -> str:
         """Delta SQL's name of ``arrow_type``."""

@@ -12,19 +12,8 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
 
-_WIDER = {
-    pa.uint8(): pa.int16(),
-    pa.uint16(): pa.int32(),
-    pa.uint32(): pa.int64(),
-    # The only Spark type that holds every uint64.
-    pa.uint64(): pa.decimal128(20, 0),
-    pa.float16(): pa.float32(),
-    pa.date64(): pa.date32(),
-    pa.large_string(): pa.string(),
-    pa.string_view(): pa.string(),
-    pa.large_binary(): pa.binary(),
-    pa.binary_view(): pa.binary(),
-}
+from idem_assets.lib.write.schema_fit import PARQUET_WIDENINGS
+
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -41,7 +30,7 @@ class SparkTypes:
             return pa.timestamp("us", tz="UTC" if batch_type.tz is not None else None)
         if pa.types.is_large_list(batch_type) or pa.types.is_list(batch_type):
             return pa.list_(self.stored_type(batch_type.value_type))
-        return _WIDER.get(batch_type, batch_type)
+        return PARQUET_WIDENINGS.get(batch_type, batch_type)
 
     def type_sql(self, arrow_type: pa.DataType) -> str:
         """Spark SQL's name of ``arrow_type`` (``bigint``, ``timestamp_ntz``)."""
