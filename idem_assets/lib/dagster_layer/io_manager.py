@@ -37,7 +37,7 @@ from idem_assets.lib.model.windows import (
     window_from_keys,
 )
 from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
-from idem_assets.lib.write.seam import Backend, EngineBatch, TableRef
+from idem_assets.lib.write.seam import Backend, EngineBatch, TableRef, probe_of
 
 #: The input metadata key that selects the columns an input loads (dagster-duckdb's).
 COLUMNS = "columns"
@@ -381,4 +381,4 @@ def _no_rows() -> Any:
 
 def _schema(batch: pa.Table | EngineBatch) -> pa.Schema:
     """The batch's Arrow schema; an engine's frame reports it through its probe."""
-    return batch.probe.schema if isinstance(batch, EngineBatch) else batch.schema
+    return probe_of(batch).schema

@@ -30,7 +30,14 @@ from idem_assets.lib.sql import statements
 from idem_assets.lib.write.evaluator import embedded
 from idem_assets.lib.write.publish import COMMIT_ATTEMPTS, as_backend, digest, judge, where_of
 from idem_assets.lib.write.schema_fit import refuse_repeated_names
-from idem_assets.lib.write.seam import Backend, CommitConflict, EngineBatch, Scope, TableRef
+from idem_assets.lib.write.seam import (
+    Backend,
+    CommitConflict,
+    EngineBatch,
+    Scope,
+    TableRef,
+    probe_of,
+)
 
 
 @dataclass(frozen=True)
@@ -117,8 +124,7 @@ def plan(
         return _refused(backend, settings, window, refusal)
     for attempt in range(1, attempts + 1):
         try:
-            probe = batch.probe if isinstance(batch, EngineBatch) else batch
-            refuse_repeated_names(probe.column_names, where, backend.capabilities.engine)
+            refuse_repeated_names(probe_of(batch).column_names, where, backend.capabilities.engine)
             with backend.begin(where) as tx:
                 scope, _ = judge(tx, backend.capabilities, batch, settings, window, where, now)
                 raise _Planned(_compared(backend, scope, keep_rows))

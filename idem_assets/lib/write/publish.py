@@ -47,6 +47,7 @@ from idem_assets.lib.write.seam import (
     Transaction,
     WritePlan,
     Written,
+    probe_of,
 )
 
 #: The stages a publish passes, in order; ``on_stage`` is called at each.
@@ -132,7 +133,7 @@ def publish(
     now = now or datetime.now(UTC)
     hook = on_stage or STAGE_HOOK.get() or _no_stage
     where = where_of(settings, window)
-    probe = batch.probe if isinstance(batch, EngineBatch) else batch
+    probe = probe_of(batch)
     refuse_repeated_names(probe.column_names, where, caps.engine)
     for attempt in range(1, attempts + 1):
         try:

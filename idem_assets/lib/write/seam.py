@@ -181,6 +181,11 @@ class EngineBatch:
     probe: pa.Table
 
 
+def probe_of(batch: "pa.Table | EngineBatch") -> pa.Table:
+    """What the checks before staging read: an Arrow batch itself, or an engine batch's probe."""
+    return batch.probe if isinstance(batch, EngineBatch) else batch
+
+
 @dataclass(frozen=True)
 class Staged:
     """The batch as it will be stored, where the evaluator reads it."""
