@@ -14,7 +14,7 @@ protocols, its factory in ``tests/conformance/conftest.py`` and its docs page
 (docs/architecture.md says how).
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -179,11 +179,22 @@ class EngineBatch:
 
     frame: Any
     probe: pa.Table
+    #: Every row as Arrow, a bounded table at a time, for the checks that count values (lossy
+    #: casts, text the table cannot hold); ``None``: those checks read the probe (Spark's).
+    values: Callable[[], Iterator[pa.Table]] | None = None
 
 
 def probe_of(batch: "pa.Table | EngineBatch") -> pa.Table:
     """What the checks before staging read: an Arrow batch itself, or an engine batch's probe."""
     return batch.probe if isinstance(batch, EngineBatch) else batch
+
+
+def values_of(batch: "pa.Table | EngineBatch") -> Callable[[], Iterator[pa.Table]]:
+    """Where the checks that count values read them: the batch, or an engine batch's chunks."""
+    if isinstance(batch, EngineBatch):
+        values, probe = batch.values, batch.probe
+        return values if values is not None else lambda: iter([probe])
+    return lambda: iter([batch])
 
 
 @dataclass(frozen=True)
@@ -366,13 +377,16 @@ class Backend(Protocol):
         nothing: bool = False,
         arrow: bool = True,
         columns: Sequence[str] | None = None,
-    ) -> "pa.Table | pd.DataFrame | None":
+        stream: bool = False,
+    ) -> "pa.Table | pd.DataFrame | pa.RecordBatchReader | None":
         """The window's rows in partition order (every row without a window); ``None``: no table.
 
         ``nothing``: the table's columns and no row (a mapping to no upstream partition).
         ``arrow`` False: a pandas DataFrame, as the engine's own driver converts it.
         ``columns``: only those the table has (:func:`selected_columns`), read as the engine
         reads fewer columns; the caller refuses the ones it lacks.
+        ``stream``: a reader of bounded batches instead, valid while the backend is open, so
+        a window bigger than memory is read without being held whole.
         """
         ...
 
