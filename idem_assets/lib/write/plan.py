@@ -28,7 +28,14 @@ from idem_assets.lib.model.settings import WriteMode, WriteSettings
 from idem_assets.lib.model.windows import WriteWindow
 from idem_assets.lib.sql import statements
 from idem_assets.lib.write.evaluator import embedded
-from idem_assets.lib.write.publish import COMMIT_ATTEMPTS, as_backend, digest, judge, where_of
+from idem_assets.lib.write.publish import (
+    COMMIT_ATTEMPTS,
+    as_backend,
+    digest,
+    judge,
+    spill_area,
+    where_of,
+)
 from idem_assets.lib.write.schema_fit import refuse_repeated_names
 from idem_assets.lib.write.seam import (
     Backend,
@@ -38,6 +45,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     probe_of,
 )
+from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, as_stream, spilled
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,7 @@ def plan(
     refusal: IdempotencyError | None = None,
     keep_rows: bool = False,
     attempts: int = COMMIT_ATTEMPTS,
+    memory: str = DEFAULT_MEMORY,
 ) -> PublishPlan:
     """What publishing ``batch`` would change, with every guard run; nothing is written.
 
@@ -122,6 +131,19 @@ def plan(
     where = where_of(settings, window)
     if refusal is not None:
         return _refused(backend, settings, window, refusal)
+    stream = batch if isinstance(batch, Spilled) else as_stream(batch, settings.asset)
+    if stream is not None and not isinstance(batch, pa.Table | EngineBatch):
+        # Staged once, as the publish stages it; the plan then judges that copy.
+        with spilled(stream, spill_area(backend), memory) as staged:
+            return plan(
+                backend,
+                staged.batch(),
+                settings,
+                window,
+                now=now,
+                keep_rows=keep_rows,
+                attempts=attempts,
+            )
     for attempt in range(1, attempts + 1):
         try:
             refuse_repeated_names(probe_of(batch).column_names, where, backend.capabilities.engine)
