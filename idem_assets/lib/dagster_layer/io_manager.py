@@ -7,6 +7,7 @@ managers only say how to open its backend (and, for the rerun-safety kit, how to
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -15,7 +16,13 @@ import pyarrow as pa
 from pydantic import Field
 
 from idem_assets.lib.dagster_layer.data_versions import record_data_version
-from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
+from idem_assets.lib.dagster_layer.frames import (
+    from_arrow,
+    from_parquet,
+    reads_arrow,
+    streams,
+    to_arrow,
+)
 from idem_assets.lib.dagster_layer.op_outputs import op_settings, op_window
 from idem_assets.lib.dagster_layer.plan import (
     plan_output,
@@ -38,6 +45,7 @@ from idem_assets.lib.model.windows import (
 )
 from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
 from idem_assets.lib.write.seam import Backend, EngineBatch, TableRef, probe_of
+from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, Stream, as_stream, to_parquet
 
 #: The input metadata key that selects the columns an input loads (dagster-duckdb's).
 COLUMNS = "columns"
@@ -60,6 +68,16 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         ),
     )
 
+    staging_memory: str = Field(
+        default=DEFAULT_MEMORY,
+        description=(
+            "The most memory DuckDB takes while it stages and judges a streamed batch (an asset"
+            " returning a pyarrow RecordBatchReader, an iterator of batches, a Polars LazyFrame"
+            " or a DuckDB relation); past it, rows spill to a temporary folder, so a day bigger"
+            " than the worker's memory publishes. A DuckDB size: '256MB', '1GB'."
+        ),
+    )
+
     def _backend(self) -> AbstractContextManager[Backend]:
         """Open the engine's backend for one write or load, and close it after."""
         raise NotImplementedError
@@ -68,9 +86,12 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
 
-    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch:
-        """What the asset returned as the publish takes it: Arrow, or a frame of the engine's."""
-        return to_arrow(obj, asset)
+    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch | Stream | Spilled:
+        """What the asset returned as the publish takes it: Arrow, a stream, an engine's frame."""
+        if isinstance(obj, Spilled):
+            # Staged already, by an audited asset's checks: published from that copy.
+            return obj
+        return as_stream(obj, asset) or to_arrow(obj, asset)
 
     def _table_name(self, settings: WriteSettings) -> str:
         """``dagster/table_name``: the table, qualified as Dagster's IO manager for it does."""
@@ -125,7 +146,14 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             plan_output(context, self._backend, batch, settings, window)
             return
         with self._backend() as backend:
-            result = publish(backend, batch, settings, window)
+            result = publish(
+                backend,
+                batch,
+                settings,
+                window,
+                memory=self.staging_memory,
+                progress=context.log.info,
+            )
         context.add_output_metadata(
             {
                 **publish_metadata(result, settings, window),
@@ -165,8 +193,14 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             # A plan run's input holds what its upstream's plan would have published.
             return planned_input(context, self._backend, settings, window, planned)
         columns = input_columns(context, settings.asset)
+        streamed = streams(frame_type)
         with self._backend() as backend:
-            loaded = backend.load(settings, window, maps_to_nothing, want_arrow, columns)
+            loaded = backend.load(
+                settings, window, maps_to_nothing, want_arrow, columns, stream=streamed
+            )
+            if isinstance(loaded, pa.RecordBatchReader):
+                # Drained into a file before anything else reads through the backend.
+                loaded = _Loaded(to_parquet(loaded), loaded.schema)
             if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
@@ -177,7 +211,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
                     " run reads), then rerun."
                 )
-            names = loaded.column_names if isinstance(loaded, pa.Table) else list(loaded.columns)
+            names = _names(loaded)
             refuse_missing_columns(context, settings, columns, names)
             # The instance records no materialization of an op's output: only assets are checked.
             if (
@@ -189,6 +223,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
+        if isinstance(loaded, _Loaded):
+            return from_parquet(loaded.path, frame_type, self.staging_memory)
         return from_arrow(loaded, frame_type) if want_arrow else loaded
 
     def read_asset(
@@ -217,6 +253,20 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             return pa.table({})
         assert isinstance(table, pa.Table)
         return table
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """A streamed input's window, drained into a Parquet file."""
+
+    path: str
+    schema: pa.Schema
+
+
+def _names(loaded: "pa.Table | _Loaded | Any") -> list[str]:
+    if isinstance(loaded, pa.Table | _Loaded):
+        return list(loaded.schema.names)
+    return list(loaded.columns)
 
 
 def input_columns(context: dg.InputContext, upstream: str) -> list[str] | None:
@@ -379,6 +429,8 @@ def _no_rows() -> Any:
     return pd.DataFrame()
 
 
-def _schema(batch: pa.Table | EngineBatch) -> pa.Schema:
+def _schema(batch: pa.Table | EngineBatch | Stream | Spilled) -> pa.Schema:
     """The batch's Arrow schema; an engine's frame reports it through its probe."""
+    if isinstance(batch, Stream | Spilled):
+        return batch.schema
     return probe_of(batch).schema

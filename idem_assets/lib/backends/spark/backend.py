@@ -18,11 +18,14 @@ finds it raised since it described the table raises
 
 import json
 import operator
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -73,6 +76,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
+from idem_assets.lib.write.streams import CHUNK_ROWS, Spilled, spill_root
 
 CAPABILITIES = Capabilities(
     engine="Spark",
@@ -259,7 +263,8 @@ class SparkBackend:
         nothing: bool = False,
         arrow: bool = True,
         columns: Sequence[str] | None = None,
-    ) -> pa.Table | pd.DataFrame | None:
+        stream: bool = False,
+    ) -> pa.Table | pd.DataFrame | pa.RecordBatchReader | None:
         """The window's rows (the whole table without one), in partition order."""
         frame = self.frame(settings, window, nothing)
         if frame is None:
@@ -272,7 +277,38 @@ class SparkBackend:
         names = selected_columns(columns, frame.columns)
         if names is not None:
             frame = frame.select(*[F.col(f"`{c}`") for c in names])
+        if stream:
+            return _exported(frame)
         return frame.toArrow() if arrow else frame.toPandas()
+
+
+def _exported(frame: DataFrame) -> pa.RecordBatchReader:
+    """A sorted frame written by Spark as Parquet on this machine, read back file by file.
+
+    Spark's executors write the files (in local mode they share the driver's disk); the parts
+    of a sorted frame hold consecutive ranges, so reading them in order keeps its order.
+    """
+    import pyarrow.dataset as ds
+
+    folder = Path(tempfile.mkdtemp(prefix="idem-spark-load-", dir=spill_root()))
+    frame.write.mode("overwrite").parquet(str(folder / "rows"))
+    parts = sorted(str(p) for p in (folder / "rows").glob("part-*.parquet"))
+    schema = pa.schema([pa.field(f.name, arrow_type(f.dataType)) for f in frame.schema])
+    if not parts:
+        shutil.rmtree(folder, ignore_errors=True)
+        return pa.RecordBatchReader.from_batches(schema, iter(()))
+    found = ds.dataset(parts, format="parquet")
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in found.to_batches(batch_size=CHUNK_ROWS):
+                yield (
+                    pa.Table.from_batches([batch]).select(schema.names).cast(schema).to_batches()[0]
+                )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 def _time_column(table: _Table, region: Region) -> str | None:
@@ -341,7 +377,7 @@ class SparkTransaction:
             layout=tuple(c for c in table.layout if c != DAY),
         )
 
-    def stage(self, batch: pa.Table | DataFrame, fitted: Fitted) -> Staged:
+    def stage(self, batch: pa.Table | DataFrame | Spilled, fitted: Fitted) -> Staged:
         """The batch as stored, where the guards read it.
 
         A Spark DataFrame is written once into a fresh version directory, and the guards' Spark
@@ -349,6 +385,9 @@ class SparkTransaction:
         batch is already whole in the driver: the guards judge it in the embedded DuckDB, and
         Spark reads it as local data, written once by the write.
         """
+        if isinstance(batch, Spilled):
+            # A streamed batch, staged once in DuckDB: Spark reads that copy as Parquet.
+            batch = self.spark.read.parquet(batch.parquet())
         table = self._current()
         settings = fitted.settings
         types = {f.stored_name: f.stored_type for f in fitted.columns}

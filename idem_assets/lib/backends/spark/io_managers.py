@@ -18,14 +18,15 @@ from pyspark.sql import DataFrame
 from idem_assets.lib.backends.spark.backend import SparkBackend
 from idem_assets.lib.backends.spark.frames import spark_batch
 from idem_assets.lib.backends.spark.session import SPARK_CONF_FIELD, spark_session
-from idem_assets.lib.dagster_layer.frames import to_arrow
 from idem_assets.lib.dagster_layer.io_manager import (
     IdempotentIOManager,
     input_columns,
     refuse_missing_columns,
 )
+from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.settings import WriteMode, WriteSettings
 from idem_assets.lib.write.seam import EngineBatch
+from idem_assets.lib.write.streams import Spilled, Stream
 
 
 class _SparkIOManager(IdempotentIOManager):
@@ -54,9 +55,15 @@ class _SparkIOManager(IdempotentIOManager):
         """``spark_catalog.<schema>.<table>``, as Spark names a table of its session catalog."""
         return f"spark_catalog.{settings.schema}.{settings.table}"
 
-    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch:
-        # A Spark DataFrame stays in Spark: the publish stages it there.
-        return spark_batch(obj, asset) if isinstance(obj, DataFrame) else to_arrow(obj, asset)
+    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch | Stream | Spilled:
+        # A Spark DataFrame stays in Spark: the publish stages it there. A stream is staged in
+        # DuckDB on the driver, whose disk Spark's executors read in local mode only.
+        if isinstance(obj, DataFrame):
+            return spark_batch(obj, asset)
+        batch = super()._batch(obj, asset)
+        if isinstance(batch, Stream | Spilled):
+            refuse_stream_on_cluster(spark_session(self.spark_conf), asset)
+        return batch
 
     def load_input(self, context: dg.InputContext) -> Any:
         """A Spark DataFrame of the window for an input typed so; else the shared loader's."""
@@ -75,6 +82,20 @@ class _SparkIOManager(IdempotentIOManager):
             )
         refuse_missing_columns(context, settings, columns, frame.columns)
         return frame
+
+
+def refuse_stream_on_cluster(spark: Any, asset: str) -> None:
+    """Refuse a streamed batch where Spark's executors cannot read the driver's disk."""
+    master = spark.sparkContext.master
+    if not master.startswith("local"):
+        raise ConfigurationError(
+            f"Refused to write asset '{asset}': it returned a stream (a RecordBatchReader, an"
+            " iterator of batches, a Polars LazyFrame or a DuckDB relation), which is staged on"
+            f" the driver's disk, and Spark's executors ({master}) cannot read that disk."
+            " Nothing was changed. Fix: return a Spark DataFrame (e.g."
+            " spark.read.parquet(...) or spark.sql(...)), which Spark stages and judges on its"
+            " executors without the driver holding it."
+        )
 
 
 class SparkOverwriteIOManager(_SparkIOManager):
