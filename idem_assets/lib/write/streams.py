@@ -264,6 +264,16 @@ class Spilled:
             self._parquet = path
         return self._parquet
 
+    def derived(self, query: str) -> "Spilled":
+        """A staged copy of ``query``'s rows over this one (a deduplication), this one dropped."""
+        name = SPILL_PREFIX + uuid.uuid4().hex
+        kind = "TEMP TABLE" if self.area.temporary else "TABLE"
+        cursor = self.area.conn if self.area.temporary else self.area.conn.cursor()
+        cursor.execute(f"CREATE {kind} {quote(name)} AS {query}").fetchall()
+        rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()[0][0]
+        self.drop()
+        return Spilled(self.area, name, self.schema, int(rows), self.memory)
+
     def batch(self) -> EngineBatch:
         """This staged copy as the publish takes a batch that stays in its engine."""
         return EngineBatch(frame=self, probe=probe(self), values=self.chunks)
@@ -401,17 +411,38 @@ def memory_limited(conn: duckdb.DuckDBPyConnection, memory: str) -> Iterator[Non
     """``conn``'s database under ``memory`` while the block runs, its own limit restored after.
 
     DuckDB's limit belongs to the database, which the target's may share with the asset's own
-    connections: it is put back as it was.
+    connections: it is put back as it was. DuckDB reads a limit back only as it shows it (one
+    decimal, '2.7 GiB'), so a default limit is restored exactly (RESET) and one set by hand to
+    within that precision.
     """
-    found = conn.execute("SELECT current_setting('memory_limit')").fetchall()
-    before = found[0][0] if found else None
+
+    def shown() -> str:
+        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    before = shown()
+    conn.execute("RESET memory_limit").fetchall()
+    default = shown() == before
     conn.execute(f"SET memory_limit = '{_size(memory)}'").fetchall()
     try:
         yield
     finally:
-        if before is not None:
-            with contextlib.suppress(duckdb.Error):
-                conn.execute(f"SET memory_limit = '{_size(before)}'").fetchall()
+        with contextlib.suppress(duckdb.Error):
+            if default:
+                conn.execute("RESET memory_limit").fetchall()
+            else:
+                conn.execute(f"SET memory_limit = '{_midway(before)}'").fetchall()
+
+
+def _midway(shown: str) -> str:
+    """A limit DuckDB shows with one decimal ('2.7 GiB'), set as the middle of what it may be.
+
+    The shown decimal is cut, not rounded: 3GB shows as '2.7 GiB' and is 2.79 GiB, so setting
+    '2.7 GiB' itself would show as '2.6 GiB'.
+    """
+    number, _, unit = _size(shown).partition(" ")
+    if "." not in number or not unit:
+        return shown
+    return f"{float(number) + 0.05:.2f} {unit}"
 
 
 def _size(text: str) -> str:
