@@ -185,3 +185,40 @@ def test_an_audited_asset_refuses_an_expression_with_the_column_to_compute() -> 
         @ia.audited_asset(partitions_def=DAILY, metadata={"partition_expr": "CAST(key AS DATE)"})
         def audited(context: dg.AssetExecutionContext) -> pd.DataFrame:
             return frame(context, 1)
+
+
+def test_a_plan_reads_its_upstream_s_planned_rows_through_the_expression(tmp_path: Path) -> None:
+    """A plan run splits the stored rows by the expression, as the guards place them."""
+    database = str(tmp_path / "warehouse.duckdb")
+    resources = {"io_manager": ia.DuckDBOverwriteIOManager(database=database)}
+    metadata = {"partition_expr": "CAST(key AS DATE)"}
+    value = {"events": 1}
+    seen: list[list[tuple[str, int]]] = []
+
+    @dg.asset(partitions_def=DAILY, metadata=metadata)
+    def events(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        return frame(context, value["events"])
+
+    @dg.asset(partitions_def=DAILY, metadata=metadata)
+    def doubled(events: pd.DataFrame) -> pd.DataFrame:
+        seen.append(sorted(zip(events["key"], events["a"], strict=True)))
+        return events.assign(a=events["a"] * 2)
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        for day in ["2026-01-01", "2026-01-02"]:
+            dg.materialize(
+                [events, doubled], partition_key=day, resources=resources, instance=instance
+            )
+        value["events"] = 5
+        planned = dg.materialize(
+            [events, doubled],
+            partition_key="2026-01-01",
+            resources=resources,
+            instance=instance,
+            tags=dict(ia.PLAN_TAGS),
+        )
+    assert planned.success
+    assert seen[-1] == [("2026-01-01", 5)] * 3
+    with duckdb.connect(database, read_only=True) as conn:
+        stored = conn.execute("SELECT key, a FROM main.doubled ORDER BY ALL").fetchall()
+    assert stored == [("2026-01-01", 2)] * 3 + [("2026-01-02", 2)] * 3
