@@ -189,9 +189,12 @@ def _split(
     finally:
         evaluator.release()
         evaluator.conn.close()
-    mask = pc.equal(flagged.column(_IN_WINDOW), "in")
-    flagged = flagged.drop_columns([_IN_WINDOW]).cast(table.schema)
-    return flagged.filter(mask), flagged.filter(pc.invert(mask))
+    inside = pc.field(_IN_WINDOW) == "in"
+    inner, outer = flagged.filter(inside), flagged.filter(~inside)
+    return (
+        inner.drop_columns([_IN_WINDOW]).cast(table.schema),
+        outer.drop_columns([_IN_WINDOW]).cast(table.schema),
+    )
 
 
 def refuse_recorded_plan(context: dg.OutputContext, asset: str, window: WriteWindow | None) -> None:
