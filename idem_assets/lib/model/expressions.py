@@ -300,8 +300,8 @@ def _parse(value: str, asset: str, what: str, dialect: str) -> exp.Expr:
         problem = errors[0].get("description", "") if errors else str(exc).splitlines()[0]
         raise InvalidIdentifierError(
             f"Asset '{asset}': {what} {value!r} is not a plain identifier, nor an SQL"
-            f" expression ({dialect}'s dialect: {problem}). For a column name, use letters,"
-            " digits and underscores only (letters of any script), starting with a letter or"
+            f" expression ({dialect}'s dialect: {problem}). Use letters, digits and underscores"
+            " only for a column name (letters of any script), starting with a letter or"
             " underscore."
             " Nothing was changed. Fix: name the column that places each row in its partition,"
             " e.g. metadata={'partition_expr': 'pickup_at'}, or write one expression over the"
