@@ -97,6 +97,8 @@ def test_an_expression_scopes_the_write_and_a_rerun_replaces_it(
         ("CAST($1 AS DATE)", "is a parameter"),
         ("my_udf(key)", "calls my_udf(), which this library does not know"),
         ("CAST(key AS TIMESTAMPTZ)", "depends on the session's TimeZone"),
+        ("CAST(TO_TIMESTAMP(CAST(key AS INT)) AS DATE)", "reads a date or a time of day out of"),
+        ("date_trunc('day', TO_TIMESTAMP(CAST(key AS INT)))", "depends on the session's"),
         ("CAST(key AS TIMESTAMP_S)", "which not every engine spells"),
         ("key || ''", "gives string; the window is compared with a DATE or TIMESTAMP"),
         ("CAST(key AS INT) + 1", "has no result type this library can tell"),

@@ -345,6 +345,16 @@ def _impurity(node: exp.Expr) -> str | None:
             return f"{spelt!r} names a table; a partition expression reads the row's own columns"
         validate_identifier(node.name, "column in partition_expr")
         return None
+    zoned_parts = exp.Cast | exp.DateTrunc | exp.TimestampTrunc | exp.TimeToStr | exp.Extract
+    if isinstance(node, zoned_parts | exp.Year | exp.Month | exp.Day):
+        # A date, hour or text of an instant is the session's TimeZone's: it differs between
+        # engines and connections.
+        argument = node.args.get("expression") if isinstance(node, exp.Extract) else node.this
+        if isinstance(argument, exp.Expr) and _result_type(argument) == AWARE:
+            return (
+                f"{spelt!r} reads a date or a time of day out of an instant, which depends on"
+                " the session's TimeZone setting, which differs between engines and connections"
+            )
     if isinstance(node, exp.Cast) and isinstance(node.to, exp.DataType):
         kind = node.to.this
         if kind in _ZONED:
