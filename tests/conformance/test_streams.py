@@ -174,7 +174,9 @@ def test_a_streamed_upsert_keeps_the_rows_it_does_not_name(store: Store) -> None
     upserted = asset(as_stream(changed), io_manager="merge_io_manager", metadata=upsert)
     materialize(store, [upserted], ALL_DAYS[1])
     amounts = {r[0]: r[2] for r in store.rows("events") if r[1].date().isoformat() == ALL_DAYS[1]}
-    before = dict(zip(*events(ALL_DAYS[1]).select(["event_id", "amount"]).to_pydict().values()))
-    expected = {**before, **dict(zip(*newer.select(["event_id", "amount"]).to_pydict().values()))}
-    assert amounts == expected
+
+    def by_id(table: pa.Table) -> dict[int, float]:
+        return dict(zip(table["event_id"].to_pylist(), table["amount"].to_pylist(), strict=True))
+
+    assert amounts == {**by_id(events(ALL_DAYS[1])), **by_id(newer)}
     assert len(store.rows("events")) == 3000

@@ -40,6 +40,7 @@ from idem_assets.lib.dagster_layer.checks import (
 )
 from idem_assets.lib.dagster_layer.frames import to_arrow
 from idem_assets.lib.dagster_layer.plan import PLAN_TAG, REFUSAL_KEY, plan_run
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import (
@@ -455,6 +456,15 @@ def audited_asset(
         partitions_def = asset_kwargs.get("partitions_def")
         asset = asset_key.to_user_string()
         pairs, time_column = partition_columns(metadata.get(PARTITION_EXPR), partitions_def, asset)
+        computed = [c for _, c in pairs if expressions.is_expression(c)]
+        if computed:
+            raise ConfigurationError(
+                f"@audited_asset {asset}: metadata '{PARTITION_EXPR}' is the SQL expression"
+                f" {computed[0]}, but the audit splits the batch into its partitions by a column"
+                " of the batch, in Arrow, before anything is written. Nothing was changed. Fix: "
+                + expressions.compute_instead(computed[0])
+                + "."
+            )
         all_checks = list(checks)
         if partitions_def is not None and pairs:
             all_checks.append(in_window(*(c for _, c in pairs)))

@@ -43,8 +43,9 @@ from idem_assets.lib.model.windows import (
     window_from_context,
     window_from_keys,
 )
+from idem_assets.lib.write.guards import refuse_unsupported_expressions
 from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
-from idem_assets.lib.write.seam import Backend, EngineBatch, TableRef, probe_of
+from idem_assets.lib.write.seam import Backend, Capabilities, EngineBatch, TableRef, probe_of
 from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, Stream, as_stream, to_parquet
 
 #: The input metadata key that selects the columns an input loads (dagster-duckdb's).
@@ -57,6 +58,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     mode: ClassVar[WriteMode]
     #: The ``dagster/storage_kind`` of the tables (the UI's storage tag), as Dagster spells it.
     storage_kind: ClassVar[str] = ""
+    #: The engine's capabilities, where its IO managers declare them before a backend opens:
+    #: a ``partition_expr`` expression is then parsed in its dialect, or refused at once.
+    #: ``None``: parsed in DuckDB's, and judged by the backend's own when a publish or load runs.
+    capabilities: ClassVar[Capabilities | None] = None
 
     schema_: str | None = Field(
         default=None,
@@ -118,7 +123,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
         if not context.has_asset_key and out is not None:
-            return op_settings(context, out, self.mode, self.schema_)
+            return op_settings(context, out, self.mode, self.schema_, **self._dialect())
         metadata = out.definition_metadata if out is not None else {}
         return resolve_settings(
             asset_key=context.asset_key,
@@ -126,7 +131,15 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             mode=self.mode,
             default_schema=self.schema_,
             partitions_def=context.asset_partitions_def if context.has_asset_partitions else None,
+            **self._dialect(),
         )
+
+    def _dialect(self) -> dict[str, Any]:
+        """Where ``partition_expr`` expressions are parsed: the engine's dialect, and its name."""
+        caps = self.capabilities
+        if caps is None:
+            return {}
+        return {"dialect": caps.expression_dialect, "engine": caps.engine}
 
     def _window(
         self, context: dg.OutputContext | dg.InputContext, settings: WriteSettings
@@ -195,6 +208,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         columns = input_columns(context, settings.asset)
         streamed = streams(frame_type)
         with self._backend() as backend:
+            refuse_unsupported_expressions(settings, backend.capabilities)
             loaded = backend.load(
                 settings, window, maps_to_nothing, want_arrow, columns, stream=streamed
             )
@@ -243,11 +257,13 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             mode=self.mode,
             default_schema=self.schema_,
             partitions_def=partitions_def,
+            **self._dialect(),
         )
         window = None
         if keys and partitions_def is not None:
             window = window_from_keys(partitions_def, keys, settings.asset)
         with self._backend() as backend:
+            refuse_unsupported_expressions(settings, backend.capabilities)
             table = backend.load(settings, window, keys is not None and not keys, True)
         if table is None:
             return pa.table({})

@@ -20,12 +20,15 @@ from typing import Any
 
 import dagster as dg
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow
 from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.model.settings import WriteSettings
-from idem_assets.lib.model.windows import WriteWindow, stored_region
-from idem_assets.lib.sql.predicates import arrow_expression
+from idem_assets.lib.model.windows import Region, WriteWindow, stored_region
+from idem_assets.lib.sql import statements
+from idem_assets.lib.sql.predicates import arrow_expression, has_expression
+from idem_assets.lib.write.evaluator import embedded
 from idem_assets.lib.write.plan import PartitionPlan, PublishPlan, plan
 from idem_assets.lib.write.seam import Backend, EngineBatch
 
@@ -152,17 +155,46 @@ def _with_planned_rows(
         tuple(p for p in found.window.partitions if p.key in keys), found.window.time_dimension
     )
     types = dict(zip(stored.column_names, stored.schema.types, strict=True))
-    inside = arrow_expression(
-        stored_region(planned, settings.partition_columns, types, settings.table), types
-    )
+    region = stored_region(planned, settings.partition_columns, types, settings.table)
     rows = found.rows.select(stored.column_names).cast(stored.schema)
-    merged = pa.concat_tables([stored.filter(~inside), rows.filter(inside)])
+    merged = pa.concat_tables([_split(stored, region, types)[1], _split(rows, region, types)[0]])
     order = [c for c in settings.partition_names if c in merged.column_names]
     if order:
         merged = merged.sort_by([(c, "ascending") for c in order])
     reader = context.step_context.node_handle
     run["read"].setdefault(str(reader), set()).add(context.asset_key.to_user_string())
     return merged
+
+
+#: The column that says whether a row is in the window, while a region is evaluated in DuckDB.
+_IN_WINDOW = "idem-in-window"
+
+
+def _split(
+    table: pa.Table, region: Region, types: Mapping[str, pa.DataType]
+) -> tuple[pa.Table, pa.Table]:
+    """``table``'s rows inside ``region``, and the others.
+
+    A ``partition_expr`` expression is SQL: it is evaluated in the embedded DuckDB, as the
+    guards evaluate it, where a region of columns is a pyarrow filter.
+    """
+    if not has_expression(region):
+        inside = arrow_expression(region, dict(types))
+        return table.filter(inside), table.filter(~inside)
+    evaluator = embedded()
+    try:
+        name = evaluator.register(table).strip('"')
+        cells = [("in", box) for box in region]
+        flagged = evaluator.arrow(statements.rows_by_partition(name, cells, _IN_WINDOW, "out"))
+    finally:
+        evaluator.release()
+        evaluator.conn.close()
+    inside = pc.field(_IN_WINDOW) == "in"
+    inner, outer = flagged.filter(inside), flagged.filter(~inside)
+    return (
+        inner.drop_columns([_IN_WINDOW]).cast(table.schema),
+        outer.drop_columns([_IN_WINDOW]).cast(table.schema),
+    )
 
 
 def refuse_recorded_plan(context: dg.OutputContext, asset: str, window: WriteWindow | None) -> None:

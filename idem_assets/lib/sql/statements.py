@@ -23,7 +23,7 @@ from sqlglot import exp
 from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.windows import Bound, Box, Cell, Condition, Region
 from idem_assets.lib.sql import predicates
-from idem_assets.lib.sql.predicates import Params, Statement, bind, column, render
+from idem_assets.lib.sql.predicates import Params, Statement, bind, column, render, terms
 
 __all__ = ["Statement", "bind"]
 
@@ -152,8 +152,10 @@ def _none_null(cols: Sequence[exp.Expr]) -> exp.Expr:
     return exp.and_(*[exp.not_(exp.Is(this=c.copy(), expression=exp.Null())) for c in cols])
 
 
-def _region(params: Params, region: Region, alias: str | None = None) -> exp.Expr:
-    return predicates.region(region, params, alias)
+def _region(
+    params: Params, region: Region, alias: str | None = None, safe: bool = False
+) -> exp.Expr:
+    return predicates.region(region, params, alias, safe)
 
 
 def _key_tuple(cols: Sequence[exp.Expr]) -> exp.Expr:
@@ -174,17 +176,17 @@ def batch_profile(
 ) -> exp.Expr:
     """One scan of the batch: rows, NULL partition values, stray rows, NULL keys, duplicates.
 
-    Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
+    Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``. A
+    ``partition_expr`` expression that cannot compute a row's value counts it as NULL.
     """
     zero = exp.Literal.number(0)
     null_partition, outside, null_key, duplicates = zero, zero, zero, zero
     if partition_columns:
-        pcs = columns(partition_columns)
+        pcs = terms(partition_columns, safe=True)
         null_partition = _count_if(_any_null(pcs))
         if region:
-            outside = _count_if(
-                exp.and_(exp.not_(exp.paren(_any_null(pcs))), exp.not_(_region(params, region)))
-            )
+            inside = _region(params, region, safe=True)
+            outside = _count_if(exp.and_(exp.not_(exp.paren(_any_null(pcs))), exp.not_(inside)))
     if key:
         kc = columns(key)
         null_key = _count_if(_any_null(kc))
@@ -209,11 +211,11 @@ def stray_rows_sample(
     params: Params, source: Rel, partition_columns: Sequence[str], region: Region, limit: int = 5
 ) -> exp.Expr:
     """A few rows outside the window (a NULL partition value is not stray), in column order."""
-    pcs = columns(partition_columns)
+    pcs = terms(partition_columns, safe=True)
     return (
         exp.select("*")
         .from_(relation(source))
-        .where(exp.and_(_none_null(pcs), exp.not_(_region(params, region))))
+        .where(exp.and_(_none_null(pcs), exp.not_(_region(params, region, safe=True))))
         .order_by(*[c.copy() for c in pcs])
         .limit(int(limit))
     )
@@ -221,8 +223,9 @@ def stray_rows_sample(
 
 @statement(relations=("source",))
 def null_sample(params: Params, source: Rel, names: Sequence[str], limit: int = 5) -> exp.Expr:
-    """A few rows with NULL in any of ``names``."""
-    return exp.select("*").from_(relation(source)).where(_any_null(columns(names))).limit(limit)
+    """A few rows with NULL in any of ``names`` (partition terms or keys)."""
+    found = _any_null(terms(names, safe=True))
+    return exp.select("*").from_(relation(source)).where(found).limit(limit)
 
 
 @statement(relations=("source",))
@@ -629,7 +632,7 @@ def select_window(
     elif region:
         tree = tree.where(_region(params, region))
     if order_by:
-        tree = tree.order_by(*columns(order_by))
+        tree = tree.order_by(*terms(order_by))
     return tree
 
 

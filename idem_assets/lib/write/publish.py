@@ -243,6 +243,7 @@ def _publish_in(
     if written.owner is not None:
         # A concurrent first writer of another asset may have claimed the table meanwhile.
         guards.refuse_other_owner(settings, where, written.owner, snapshot)
+    guards.refuse_misplaced(scope, summary, written, caps.engine)
     on_stage("inserted")
     on_stage("before_commit")
     if caps.recheck_keys_at_commit and scope.settings.mode == "merge" and scope.pcols:
@@ -264,6 +265,7 @@ def judge(
     Raises the refusal the publish would raise; a plan (:mod:`idem_assets.lib.write.plan`)
     runs exactly these steps and writes nothing.
     """
+    guards.refuse_unsupported_expressions(settings, caps)
     snapshot = tx.describe(settings)
     guards.refuse_foreign(settings, where, snapshot, caps.engine)
     # A batch that stays in its engine is checked on its probe here, and whole once staged.

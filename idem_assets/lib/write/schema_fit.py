@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.errors import InvalidIdentifierError, SchemaMismatchError
 from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.samples import format_sample
@@ -314,7 +315,7 @@ def _refuse_unusable(
         if isinstance(t, pa.Decimal256Type):
             _refuse_decimal256(where, c, t)
     by_name = {c.lower(): c for c in batch_cols}
-    needed = list(settings.partition_names)
+    needed = [c for term in settings.partition_names for c in expressions.inputs(term)]
     needed += list(settings.primary_key) + list(settings.dedupe_order_by)
     absent = [c for c in dict.fromkeys(needed) if c.lower() not in by_name]
     if absent:
@@ -323,11 +324,12 @@ def _refuse_unusable(
             f" metadata names (partition_expr/primary_key/dedupe_order_by). Batch columns:"
             f" {list(batch_cols)}. Fix: add the column(s) to the batch, or correct the metadata."
         )
+    _refuse_zoned_inputs(settings, where, batch_cols, by_name)
     time = settings.time_column
     # A column with no type (an empty frame's object column) holds no value to misplace: the
     # guards judge such a batch, as empty or as NULL in a partition column.
     untyped = pa.types.is_null
-    if time:
+    if time and not expressions.is_expression(time):
         ptype = batch_cols[by_name[time.lower()]]
         if not (pa.types.is_date(ptype) or pa.types.is_timestamp(ptype) or untyped(ptype)):
             raise SchemaMismatchError(
@@ -337,6 +339,9 @@ def _refuse_unusable(
                 f" pd.to_datetime(df['{time}'])."
             )
     for column in settings.partition_names:
+        if expressions.is_expression(column):
+            # Its result type is fixed by the expression (a cast), whatever it reads.
+            continue
         ctype = batch_cols[by_name[column.lower()]]
         text = pa.types.is_string(ctype) or pa.types.is_large_string(ctype)
         if column == time or text or untyped(ctype):
@@ -349,6 +354,34 @@ def _refuse_unusable(
                 f" Nothing was changed. Fix: store the values as text, e.g. df['{column}'] ="
                 f" df['{column}'].astype(str) (an integer column works for integer keys)."
             )
+
+
+def _refuse_zoned_inputs(
+    settings: WriteSettings,
+    where: str,
+    batch_cols: dict[str, pa.DataType],
+    by_name: dict[str, str],
+) -> None:
+    """Refuse a ``partition_expr`` expression reading a timestamp with time zone.
+
+    Turning an instant into a date or a wall-clock time depends on the session's TimeZone,
+    which differs between the guards' evaluator, the engine and the next run's connection.
+    """
+    for term in settings.partition_names:
+        if not expressions.is_expression(term):
+            continue
+        for name in expressions.inputs(term):
+            kind = batch_cols[by_name[name.lower()]]
+            if pa.types.is_timestamp(kind) and kind.tz is not None:
+                raise SchemaMismatchError(
+                    f"Refused to write {where}: partition_expr {term} reads '{name}', a"
+                    f" timestamp with time zone ({kind}); a date or a wall-clock time made of"
+                    " it depends on the session's TimeZone setting, which differs between"
+                    " engines and connections, so two runs could place a row in different"
+                    " partitions. Nothing was changed. Fix: name the column itself,"
+                    f" metadata={{'partition_expr': '{name}'}}: the window then compares"
+                    " instants, in the partitions' own time zone."
+                )
 
 
 def _refuse_decimal256(where: str, column: str, decimal: pa.Decimal256Type) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 
 import pyarrow as pa
 
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Cell, Region, WriteWindow
 from idem_assets.lib.sql.predicates import Statement
@@ -147,9 +148,15 @@ class Fitted:
 
     @property
     def partition_types(self) -> dict[str, pa.DataType]:
-        """Each stored partition column's type (window bounds and values depend on them)."""
+        """Each partition term's type (window bounds and values depend on them).
+
+        A stored column's own, or a ``partition_expr`` expression's result type.
+        """
         types = {c.stored_name: c.stored_type for c in self.columns}
-        return {c: types[c] for c in self.settings.partition_names}
+        return {
+            c: expressions.result_type(c) if expressions.is_expression(c) else types[c]
+            for c in self.settings.partition_names
+        }
 
 
 class Evaluator(Protocol):
@@ -285,6 +292,10 @@ class Written:
     fingerprints: Fingerprints
     #: The owner recorded once the write claimed the table (a concurrent claim may have won).
     owner: str | None = None
+    #: The window's rows per partition of a range (the whole window's under ``None``) as the
+    #: engine's own SQL places them, where it evaluates a ``partition_expr`` expression itself
+    #: and the evaluator judged the batch in another dialect; ``None`` otherwise.
+    placed: Counts | None = None
 
 
 @dataclass(frozen=True)
@@ -321,6 +332,10 @@ class Capabilities:
     #: Whether the engine's fingerprints are the embedded evaluator's hash sums, so a plan can
     #: predict the one a publish will record; Spark hashes rows with its own function.
     plan_predicts_fingerprints: bool = True
+    #: The sqlglot dialect the engine evaluates a ``partition_expr`` SQL expression in (its
+    #: deletes, counts and loads); ``None``: it lays its files out by the stored partition
+    #: column and scopes a write by that column only, so an expression is refused.
+    expression_dialect: str | None = None
 
 
 @runtime_checkable

@@ -64,6 +64,7 @@ CAPABILITIES = Capabilities(
     commit="transaction",
     # DuckDB's cast rounds a finer timestamp to a coarser column's unit.
     timestamps="round",
+    expression_dialect="duckdb",
 )
 
 
