@@ -201,8 +201,9 @@ def _spawn(engine: str, mode: str, rows: int, where: dict[str, Any]) -> dict[str
         cwd=ROOT,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if found.returncode:
+        raise RuntimeError(f"{engine} {mode} {rows:,} rows failed:\n{found.stderr[-3000:]}")
     return json.loads(found.stdout.strip().splitlines()[-1])
 
 

@@ -123,13 +123,21 @@ def judged_cells(
             " the batch's columns in metadata={'partition_expr': ...}."
         )
     time_column = dict(pairs).get(str(window.time_dimension)) if window.timed else None
-    for _, column in pairs:
-        if isinstance(table, pa.Table) and pa.types.is_null(table.schema.field(column).type):
+    if isinstance(table, pa.Table):
+        # A streamed batch's staged copy needs none: DuckDB gave every column a type.
+        table = _typed(table, [c for _, c in pairs], time_column)
+    types = {c: table.schema.field(c).type for _, c in pairs}
+    return table, cells_for(window, pairs, types, always=True)
+
+
+def _typed(table: pa.Table, columns: Sequence[str], time_column: str | None) -> pa.Table:
+    """Partition columns of no type (an empty frame's) typed as their keys name them."""
+    for column in columns:
+        if pa.types.is_null(table.schema.field(column).type):
             typed = pa.timestamp("us") if column == time_column else pa.string()
             index = table.column_names.index(column)
             table = table.set_column(index, column, table.column(column).cast(typed))
-    types = {c: table.schema.field(c).type for _, c in pairs}
-    return table, cells_for(window, pairs, types, always=True)
+    return table
 
 
 def split_by_partition(

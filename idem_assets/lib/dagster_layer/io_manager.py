@@ -214,7 +214,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             )
             if isinstance(loaded, pa.RecordBatchReader):
                 # Drained into a file before anything else reads through the backend.
-                loaded = _Loaded(to_parquet(loaded), loaded.schema)
+                loaded = _drained(loaded)
             if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
@@ -279,8 +279,15 @@ class _Loaded:
     schema: pa.Schema
 
 
+def _drained(reader: pa.RecordBatchReader) -> _Loaded:
+    """A streamed load's reader written to a Parquet file a batch at a time."""
+    return _Loaded(to_parquet(reader), reader.schema)
+
+
 def _names(loaded: "pa.Table | _Loaded | Any") -> list[str]:
-    if isinstance(loaded, pa.Table | _Loaded):
+    if isinstance(loaded, pa.Table):
+        return list(loaded.schema.names)
+    if isinstance(loaded, _Loaded):
         return list(loaded.schema.names)
     return list(loaded.columns)
 

@@ -88,7 +88,8 @@ def as_stream(obj: object, asset: str) -> Stream | None:
     if isinstance(obj, Batches):
         return _chunks(iter(obj.chunks), asset)
     if isinstance(obj, pa.RecordBatchReader):
-        return Stream(obj, obj.schema)
+        reader: pa.RecordBatchReader = obj
+        return Stream(reader, reader.schema)
     if isinstance(obj, duckdb.DuckDBPyRelation):
         return _relation(obj, asset)
     lazy = _polars_lazy(obj)

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
 _TARGET_PREFIX = "idem-target-"
 #: What a commit writes: a table in memory, or the rows of a streamed batch read as they go.
-Rows = pa.Table | pa.RecordBatchReader
+Rows: TypeAlias = pa.Table | pa.RecordBatchReader
 _PRUNABLE_KEY_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "VARCHAR", "DATE"}
 
 CAPABILITIES = Capabilities(
