@@ -292,6 +292,13 @@ def dedupe(
     Ties on ``order_by`` are broken by every remaining column, so the winner never depends on
     the order rows arrived in; rows that tie on every column are identical, so any one will do.
     """
+    return _deduped(relation(source), key, order_by, names)
+
+
+def _deduped(
+    source: exp.Expr, key: Sequence[str], order_by: Sequence[str], names: Sequence[str]
+) -> exp.Select:
+    """:func:`dedupe`'s rows, read from any table expression."""
     # Sorted, so the winner of an exact tie does not depend on the batch's column order either.
     rest = sorted(c for c in names if c not in key and c not in order_by)
     order = [exp.Ordered(this=c, desc=True, nulls_first=False) for c in columns(order_by)] + [
@@ -302,9 +309,7 @@ def dedupe(
         partition_by=columns(key),
         order=exp.Order(expressions=order),
     )
-    ranked = exp.select(*columns(names), exp.alias_(rank, "idem-rank", quoted=True)).from_(
-        relation(source)
-    )
+    ranked = exp.select(*columns(names), exp.alias_(rank, "idem-rank", quoted=True)).from_(source)
     return (
         exp.select(*columns(names))
         .from_(ranked.subquery("ranked"))
@@ -383,8 +388,35 @@ PLAN_COLUMNS = (
 )
 
 
+def _after_side(
+    after: Rel, names: Sequence[str], key: Sequence[str], order_by: Sequence[str]
+) -> exp.Select:
+    """The batch's rows as the publish writes them: one per key, the latest, with ``order_by``."""
+    if order_by and key:
+        return _deduped(relation(after), key, order_by, names)
+    return exp.select(*columns(names)).from_(relation(after))
+
+
+def _before_side(
+    params: Params, before: Rel, names: Sequence[str], missing: Sequence[str], region: Region
+) -> exp.Select:
+    """The stored rows of the window, in the batch's columns: NULL in the ones it adds."""
+    picked = [
+        exp.alias_(exp.Null(), validate_identifier(n, "column"), quoted=True)
+        if n in missing
+        else column(n)
+        for n in names
+    ]
+    tree = exp.select(*picked).from_(relation(before))
+    return _where(tree, _region(params, region) if region else None)
+
+
 def _hashed(
-    params: Params, source: Rel, names: Sequence[str], key: Sequence[str], cells: Sequence[Cell]
+    params: Params,
+    side: exp.Select,
+    names: Sequence[str],
+    key: Sequence[str],
+    cells: Sequence[Cell],
 ) -> exp.Select:
     """Each row's partition, key (as the library's own names) and hash: one side of a plan."""
     partition = _partition_case(params, cells, None) if cells else exp.Null()
@@ -394,7 +426,7 @@ def _hashed(
         exp.alias_(partition, "idem-p", quoted=True),
         *keys,
         exp.alias_(hashed, "idem-h", quoted=True),
-    ).from_(relation(source))
+    ).from_(side.subquery("side"))
 
 
 #: Rows that stay the same between the window as stored (b) and as planned (a), by content:
@@ -435,7 +467,7 @@ GROUP BY 1
 """
 
 
-@statement(windows=("cells",), relations=("after", "before"))
+@statement(windows=("cells", "region"), relations=("after", "before"))
 def plan_diff(
     params: Params,
     after: Rel,
@@ -444,6 +476,9 @@ def plan_diff(
     key: Sequence[str],
     cells: Sequence[Cell],
     delete_missing: bool = False,
+    region: Region = (),
+    missing: Sequence[str] = (),
+    order_by: Sequence[str] = (),
 ) -> exp.Expr:
     """What a publish of ``after`` does to the window ``before`` holds: :data:`PLAN_COLUMNS`.
 
@@ -452,10 +487,13 @@ def plan_diff(
     when its content differs; the window's other rows are deleted with ``delete_missing``, kept
     otherwise. Hashes and sums are the fingerprint's (:func:`fingerprint`), so the planned
     fingerprint is the one the publish would leave. One row per partition of ``cells`` (one
-    row under NULL without cells). DuckDB's dialect only: it runs in the evaluator.
+    row under NULL without cells). ``before`` is read inside ``region`` (the table itself, where
+    the evaluator reads it) with NULL in the ``missing`` columns the publish adds; ``after`` is
+    deduplicated by ``order_by`` as the write does. DuckDB's dialect only: it runs in the
+    evaluator.
     """
-    a = _hashed(params, after, names, key, cells)
-    b = _hashed(params, before, names, key, cells)
+    a = _hashed(params, _after_side(after, names, key, order_by), names, key, cells)
+    b = _hashed(params, _before_side(params, before, names, missing, region), names, key, cells)
     if not key:
         tree = sqlglot.parse_one(_BY_CONTENT, read="duckdb")
         assert isinstance(tree, exp.Select)
@@ -473,6 +511,35 @@ def plan_diff(
         .with_('"idem-before"', as_=b)
         .with_("j", as_=joined, dialect="duckdb")
     )
+
+
+@statement(windows=("region",), relations=("after", "before"))
+def planned_rows(
+    params: Params,
+    after: Rel,
+    before: Rel,
+    names: Sequence[str],
+    key: Sequence[str],
+    keep_missing: bool,
+    region: Region = (),
+    missing: Sequence[str] = (),
+    order_by: Sequence[str] = (),
+) -> exp.Expr:
+    """The window's rows as a publish of ``after`` leaves them, read as :func:`plan_diff` reads.
+
+    The batch's rows; with ``keep_missing`` (an upsert) also the stored rows whose key the
+    batch lacks. DuckDB's dialect only.
+    """
+    written = _after_side(after, names, key, order_by)
+    if not (keep_missing and key):
+        return written
+    stored = _before_side(params, before, names, missing, region).subquery("b")
+    same = exp.and_(*[exp.EQ(this=column(k, "a"), expression=column(k, "b")) for k in key])
+    batch_holds = exp.Exists(
+        this=exp.select(exp.Literal.number(1)).from_(written.subquery("a")).where(same)
+    )
+    kept = exp.select(*columns(names, "b")).from_(stored).where(exp.not_(batch_holds))
+    return exp.union(written, kept, distinct=False)
 
 
 # The target ------------------------------------------------------------------------------------

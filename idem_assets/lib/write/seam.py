@@ -310,6 +310,9 @@ class Capabilities:
     #: Whether the engine's fingerprints are the embedded evaluator's hash sums, so a plan can
     #: predict the one a publish will record; Spark hashes rows with its own function.
     plan_predicts_fingerprints: bool = True
+    #: Whether the staged batch's evaluator reads the target table too (DuckDB's one
+    #: connection): a plan then compares the two there instead of loading the window as Arrow.
+    evaluator_reads_target: bool = False
 
 
 @runtime_checkable

@@ -63,6 +63,7 @@ CAPABILITIES = Capabilities(
     commit="transaction",
     # DuckDB's cast rounds a finer timestamp to a coarser column's unit.
     timestamps="round",
+    evaluator_reads_target=True,
 )
 
 
