@@ -385,6 +385,7 @@ PLAN_COLUMNS = (
     "updated",
     "deleted",
     "unchanged",
+    "exact",
 )
 
 
@@ -429,12 +430,70 @@ def _hashed(
     ).from_(side.subquery("side"))
 
 
-#: Rows that stay the same between the window as stored (b) and as planned (a), by content:
-#: a multiset of (partition, row hash) pairs on each side.
+#: By content, the cheap way: each side's count and hash sum per partition (its fingerprints);
+#: where they differ, one full join of the two sides' row hashes. Its pairs are the rows a
+#: publish leaves as they are, unless a row repeats on both sides of a pair (its last column,
+#: "exact", is false then): :data:`_BY_PAIRS` counts those pair by pair. A row repeating on one
+#: side only pairs with the other's one copy, so that side's matched rows are the count. A
+#: partition whose fingerprints agree holds the batch's rows already (the fingerprint is how
+#: the library tells content apart), so none of its rows is joined. Identical rows lie in one
+#: partition, so the row hash alone pairs them.
 _BY_CONTENT = """
+SELECT p, nb, hb, na, ha, na - same, 0, nb - same, same, exact
+FROM (
+  SELECT t.p, t.nb, t.hb, t.na, t.ha,
+    CASE
+      WHEN t.na = t.nb AND t.ha = t.hb THEN t.na
+      WHEN j.pairs = t.nb - j.only_b THEN t.na - j.only_a
+      ELSE t.nb - j.only_b
+    END AS same,
+    coalesce(j.pairs IN (t.na - j.only_a, t.nb - j.only_b), TRUE) AS exact
+  FROM "idem-totals" AS t LEFT JOIN "idem-joined" AS j ON j.p IS NOT DISTINCT FROM t.p
+) AS planned
+"""
+_BY_CONTENT_STEPS = (
+    (
+        '"idem-totals"',
+        """
+        SELECT p, count(*) FILTER (WHERE side = 1) AS nb,
+          coalesce(sum(CAST(h AS HUGEINT)) FILTER (WHERE side = 1), 0) AS hb,
+          count(*) FILTER (WHERE side = 0) AS na,
+          coalesce(sum(CAST(h AS HUGEINT)) FILTER (WHERE side = 0), 0) AS ha
+        FROM (
+          SELECT "idem-p" AS p, "idem-h" AS h, 0 AS side FROM "idem-after"
+          UNION ALL
+          SELECT "idem-p", "idem-h", 1 FROM "idem-before"
+        ) AS sides
+        GROUP BY 1
+        """,
+    ),
+    ('"idem-changed"', 'SELECT p FROM "idem-totals" WHERE na <> nb OR ha <> hb'),
+    (
+        '"idem-joined"',
+        """
+        SELECT coalesce(a."idem-p", b."idem-p") AS p,
+          count(*) FILTER (WHERE b."idem-h" IS NULL) AS only_a,
+          count(*) FILTER (WHERE a."idem-h" IS NULL) AS only_b,
+          count(*) FILTER (WHERE a."idem-h" IS NOT NULL AND b."idem-h" IS NOT NULL) AS pairs
+        FROM (
+          SELECT s.* FROM "idem-after" AS s
+          SEMI JOIN "idem-changed" AS c ON s."idem-p" IS NOT DISTINCT FROM c.p
+        ) AS a
+        FULL JOIN (
+          SELECT s.* FROM "idem-before" AS s
+          SEMI JOIN "idem-changed" AS c ON s."idem-p" IS NOT DISTINCT FROM c.p
+        ) AS b ON a."idem-h" = b."idem-h"
+        GROUP BY 1
+        """,
+    ),
+)
+
+#: Every row pair counted: a multiset of (partition, row hash) pairs on each side. Exact where
+#: rows repeat; it costs an aggregate over every row of both sides.
+_BY_PAIRS = """
 SELECT p, sum(nb), coalesce(sum(nb * CAST(h AS HUGEINT)), 0), sum(na),
   coalesce(sum(na * CAST(h AS HUGEINT)), 0), sum(na - least(na, nb)), 0,
-  sum(nb - least(na, nb)), sum(least(na, nb))
+  sum(nb - least(na, nb)), sum(least(na, nb)), TRUE
 FROM (
   SELECT p, h, count(*) FILTER (WHERE side = 0) AS na, count(*) FILTER (WHERE side = 1) AS nb
   FROM (
@@ -451,7 +510,7 @@ GROUP BY 1
 #: leaves it; a stored row whose key the batch lacks is deleted or kept ({kept}).
 _BY_KEY = """
 SELECT p, sum(rb), coalesce(sum(CAST(hb AS HUGEINT)), 0), sum(ra),
-  coalesce(sum(CAST(ha AS HUGEINT)), 0), sum(ins), sum(upd), sum(del), sum(same)
+  coalesce(sum(CAST(ha AS HUGEINT)), 0), sum(ins), sum(upd), sum(del), sum(same), TRUE
 FROM (
   SELECT ap AS p, 0 AS rb, NULL AS hb, 1 AS ra, ah AS ha, CAST(bh IS NULL AS INT) AS ins,
     CAST(bh IS NOT NULL AND ah <> bh AS INT) AS upd, 0 AS del,
@@ -479,6 +538,7 @@ def plan_diff(
     region: Region = (),
     missing: Sequence[str] = (),
     order_by: Sequence[str] = (),
+    pairs: bool = False,
 ) -> exp.Expr:
     """What a publish of ``after`` does to the window ``before`` holds: :data:`PLAN_COLUMNS`.
 
@@ -489,15 +549,20 @@ def plan_diff(
     fingerprint is the one the publish would leave. One row per partition of ``cells`` (one
     row under NULL without cells). ``before`` is read inside ``region`` (the table itself, where
     the evaluator reads it) with NULL in the ``missing`` columns the publish adds; ``after`` is
-    deduplicated by ``order_by`` as the write does. DuckDB's dialect only: it runs in the
-    evaluator.
+    deduplicated by ``order_by`` as the write does. An overwrite is compared by one full join,
+    exact unless a row repeats on both sides (its ``exact`` column is then false), or with
+    ``pairs`` by an aggregate over every row, exact always. DuckDB's dialect only: it runs in
+    the evaluator.
     """
     a = _hashed(params, _after_side(after, names, key, order_by), names, key, cells)
     b = _hashed(params, _before_side(params, before, names, missing, region), names, key, cells)
     if not key:
-        tree = sqlglot.parse_one(_BY_CONTENT, read="duckdb")
+        tree = sqlglot.parse_one(_BY_PAIRS if pairs else _BY_CONTENT, read="duckdb")
         assert isinstance(tree, exp.Select)
-        return tree.with_('"idem-after"', as_=a).with_('"idem-before"', as_=b)
+        tree = tree.with_('"idem-after"', as_=a).with_('"idem-before"', as_=b)
+        for name, step in () if pairs else _BY_CONTENT_STEPS:
+            tree = tree.with_(name, as_=step, dialect="duckdb")
+        return tree
     # The key columns go by the library's own names, so no user name is spelt in this text.
     same = " AND ".join(f'a."idem-k{i}" = b."idem-k{i}"' for i in range(len(key)))
     joined = (

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -149,19 +150,27 @@ def _compared(backend: Backend, scope: Scope, keep_rows: bool) -> PublishPlan:
     order_by = settings.dedupe_order_by if key else ()
     rows = None
     with _sides(backend, scope, names) as sides:
-        found = sides.evaluator.rows(
-            statements.plan_diff(
-                sides.after,
-                sides.before,
-                names,
-                key,
-                scope.cells,
-                settings.delete_missing,
-                sides.region,
-                sides.missing,
-                order_by,
+
+        def diff(pairs: bool) -> list[tuple[Any, ...]]:
+            return sides.evaluator.rows(
+                statements.plan_diff(
+                    sides.after,
+                    sides.before,
+                    names,
+                    key,
+                    scope.cells,
+                    settings.delete_missing,
+                    sides.region,
+                    sides.missing,
+                    order_by,
+                    pairs,
+                )
             )
-        )
+
+        found = diff(pairs=False)
+        if not all(row[-1] for row in found):
+            # A row repeats in the batch and in the window: only counting pairs is exact.
+            found = diff(pairs=True)
         if keep_rows:
             rows = sides.evaluator.arrow(
                 statements.planned_rows(
@@ -177,7 +186,7 @@ def _compared(backend: Backend, scope: Scope, keep_rows: bool) -> PublishPlan:
             )
     exists = scope.table_exists
     # (rows_before, hash_before, rows_after, hash_after, inserted, updated, deleted, unchanged)
-    counted = {row[0]: tuple(int(v) for v in row[1:]) for row in found}
+    counted = {row[0]: tuple(int(v) for v in row[1:-1]) for row in found}
     keys = scope.window.keys if scope.window else []
     nothing = (0,) * 8
     per_partition: dict[str, PartitionPlan] = {}
