@@ -2,9 +2,9 @@
 
 :func:`plan` opens the publish's transaction, describes, fits and stages the batch and runs every
 guard (:func:`~idem_assets.lib.write.publish.judge`), exactly as :func:`~idem_assets.lib.write.
-publish.publish` does; then, instead of writing, it reads the window as stored and compares it
-with the staged batch in the embedded DuckDB evaluator, and rolls the transaction back. One
-comparison serves every engine: the engine only stages and loads, as it does for a publish.
+publish.publish` does; then, instead of writing, it compares the staged batch with the window as
+stored, and rolls the transaction back. One DuckDB statement serves every engine, run where both
+sides already are (:func:`_sides`): the engine only stages and loads, as it does for a publish.
 
 The counts are of rows *changed*, not rows written: an overwrite writes the whole window, but
 a rerun that reproduces it changes nothing. An overwrite compares rows by their whole content
