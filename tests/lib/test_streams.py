@@ -376,3 +376,21 @@ def test_an_audited_stream_keeps_the_latest_row_per_key(tmp_path: Path) -> None:
         stored = rows(conn)
     assert len(stored) == 1000
     assert sorted(r[3] for r in stored)[-5:] == [999.0] * 5
+
+
+def test_a_streamed_batch_plans_as_a_table_does(tmp_path: Path) -> None:
+    """A rerun plan stages a stream as the publish does: the same counts, nothing written."""
+    write = settings("overwrite", MD)
+    day = day_table(DAYS[1])
+    corrected = day.slice(5).set_column(3, "fare", pa.array([7.0] * 995))
+    # The rows whose fare was 7.0 already are unchanged; every other row is replaced.
+    same = sum(1 for fare in day.column("fare").to_pylist()[5:] if fare == 7.0)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, day, write, window(DAYS[1]), now=NOW)
+        before = ia.table_fingerprint(conn, "main", "trips")
+        whole = ia.plan(conn, corrected, write, window(DAYS[1]), now=NOW)
+        streamed = ia.plan(conn, stream(corrected), write, window(DAYS[1]), now=NOW)
+        assert ia.table_fingerprint(conn, "main", "trips") == before
+    assert streamed.total == whole.total
+    total = streamed.total
+    assert (total.unchanged, total.inserted, total.deleted) == (same, 995 - same, 1000 - same)

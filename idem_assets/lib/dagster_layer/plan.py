@@ -259,10 +259,10 @@ def plan_metadata(
     plan: PublishPlan, part: PartitionPlan, upstream: Sequence[str] = ()
 ) -> dict[str, Any]:
     """One partition's plan as observation metadata."""
+    # The UI lists entries in this order, on a partition's page above its materialization's:
+    # the verdict and the counts first, so they show without scrolling.
     md: dict[str, Any] = {
         "plan": _verdict(plan, part),
-        "dagster/table_name": plan.table,
-        "write_mode": plan.mode,
         "rows_inserted": part.inserted,
         "rows_updated": part.updated,
         "rows_deleted": part.deleted,
@@ -277,7 +277,7 @@ def plan_metadata(
         md["refusal"] = dg.MetadataValue.md(plan.refusal)
     if upstream:
         md["planned_against"] = ", ".join(upstream)
-    return md
+    return md | {"write_mode": plan.mode, "dagster/table_name": plan.table}
 
 
 def _verdict(plan: PublishPlan, part: PartitionPlan) -> str:

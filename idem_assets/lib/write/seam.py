@@ -336,6 +336,9 @@ class Capabilities:
     #: deletes, counts and loads); ``None``: it lays its files out by the stored partition
     #: column and scopes a write by that column only, so an expression is refused.
     expression_dialect: str | None = None
+    #: Whether the staged batch's evaluator reads the target table too (DuckDB's one
+    #: connection): a plan then compares the two there instead of loading the window as Arrow.
+    evaluator_reads_target: bool = False
 
 
 @runtime_checkable

@@ -65,6 +65,7 @@ CAPABILITIES = Capabilities(
     # DuckDB's cast rounds a finer timestamp to a coarser column's unit.
     timestamps="round",
     expression_dialect="duckdb",
+    evaluator_reads_target=True,
 )
 
 
