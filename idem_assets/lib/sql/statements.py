@@ -191,19 +191,28 @@ def batch_profile(
         kc = columns(key)
         null_key = _count_if(_any_null(kc))
         if count_duplicates:
-            # count(DISTINCT) is the costliest part of the scan; skip it where nobody needs it.
-            distinct = exp.Count(this=exp.Distinct(expressions=[_struct(kc)]))
-            duplicates = exp.Sub(this=exp.Count(this=exp.Star()), expression=distinct)
+            # The costliest part of the scan; skipped where nobody needs it. Counted over the
+            # keys grouped, not as count(DISTINCT): a grouping spills to disk past the memory
+            # limit (a streamed batch bigger than memory), a distinct aggregate cannot.
+            duplicates = _duplicates(source, kc)
     return exp.select(
         exp.Count(this=exp.Star()), null_partition, outside, null_key, duplicates
     ).from_(relation(source))
 
 
-def _struct(cols: Sequence[exp.Expr]) -> exp.Expr:
-    """One value for a key of several columns (``row(a, b)``), the column itself for one."""
-    if len(cols) == 1:
-        return cols[0]
-    return exp.Anonymous(this="row", expressions=list(cols))
+def _duplicates(source: Rel, key: Sequence[exp.Expr]) -> exp.Expr:
+    """Rows beyond the first of each key: ``sum(n - 1)`` over the keys held more than once."""
+    n = exp.to_identifier("idem-n", quoted=True)
+    grouped = (
+        exp.select(exp.alias_(exp.Count(this=exp.Star()), n)).from_(relation(source)).group_by(*key)
+    )
+    extra = exp.Sub(this=exp.column(n), expression=exp.Literal.number(1))
+    total = (
+        exp.select(exp.Coalesce(this=exp.Sum(this=extra), expressions=[exp.Literal.number(0)]))
+        .from_(grouped.subquery(exp.to_identifier("idem-keys", quoted=True)))
+        .where(exp.GT(this=exp.column(n), expression=exp.Literal.number(1)))
+    )
+    return exp.Subquery(this=total)
 
 
 @statement(windows=("region",), relations=("source",))
