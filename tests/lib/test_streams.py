@@ -11,7 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from tests.helpers import DAILY, NOW, settings, window
+from tests.helpers import DAILY, NOW, doc_python, settings, window
 
 from .support import (
     DAYS,
@@ -394,3 +394,36 @@ def test_a_streamed_batch_plans_as_a_table_does(tmp_path: Path) -> None:
     assert streamed.total == whole.total
     total = streamed.total
     assert (total.unchanged, total.inserted, total.deleted) == (same, 995 - same, 1000 - same)
+
+
+def test_the_streaming_page_example_runs_as_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/streaming.md: each table holds the day's 10,000 rows once; a stray row is refused."""
+    monkeypatch.chdir(tmp_path)
+    code = doc_python("## An asset that streams", "docs/streaming.md")
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/streaming.md", "exec"), namespace)
+    defs: dg.Definitions = namespace["defs"]
+    job = defs.resolve_implicit_global_asset_job_def()
+    for _ in range(2):
+        assert job.execute_in_process(partition_key=DAYS[1]).success
+    with duckdb.connect("warehouse.duckdb") as conn:
+        for table in ("trips", "dear_trips"):
+            days = conn.execute(
+                f"SELECT count(*), count(DISTINCT trip_id), min(pickup_at)::DATE,"
+                f" max(pickup_at)::DATE FROM main.{table}"
+            ).fetchall()
+            assert days == [(10_000, 10_000, date(2026, 1, 2), date(2026, 1, 2))]
+        before = conn.execute("SELECT count(*) FROM main.trips").fetchall()
+    pages = namespace["pages"]
+
+    def with_a_stray_row(day: str) -> Iterator[pa.RecordBatch]:
+        yield from pages(day)
+        yield next(iter(pages("2026-01-03"))).slice(0, 1)
+
+    namespace["pages"] = with_a_stray_row
+    result = job.execute_in_process(partition_key=DAYS[1], raise_on_error=False)
+    assert "StrayRowsError" in _failure(result)
+    with duckdb.connect("warehouse.duckdb") as conn:
+        assert conn.execute("SELECT count(*) FROM main.trips").fetchall() == before
