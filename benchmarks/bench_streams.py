@@ -165,6 +165,13 @@ def child(engine: str, mode: str, rows: int, where: dict[str, Any]) -> dict[str,
     parts = templates()
     settings = data.settings("overwrite")
     window = data.window([TARGET_DAY])
+    # One small publish first, into a table of its own: the library's one-time costs in a
+    # process (its embedded DuckDB, statements compiled once) are not the batch's.
+    warm = _warm_settings()
+    with store.backend() as backend:
+        first = pa.Table.from_batches(parts[:1]).slice(0, 1000)
+        ia.publish(backend, source(parts[:1], 1000), warm, window, now=data.NOW)
+        ia.publish(backend, first, warm, window, now=data.NOW)
     reset = _reset_peak()
     cpu, start = time.process_time(), time.perf_counter()
     if mode == "stream":
@@ -190,6 +197,14 @@ def child(engine: str, mode: str, rows: int, where: dict[str, Any]) -> dict[str,
     with store.backend() as backend:
         stored = ia.table_fingerprint(backend, "main", data.TABLE, data.PARTITION_COLUMN, window)
     return {"wall": wall, "cpu": cpu, "peak_mb": peak * 1024 / 1e6, "stored": stored}
+
+
+def _warm_settings() -> ia.WriteSettings:
+    """The settings of a scratch table the child warms the library up on."""
+    from tests import helpers
+
+    md = {"partition_expr": data.PARTITION_COLUMN, "primary_key": [data.KEY]}
+    return helpers.settings("overwrite", md, table="warm")
 
 
 def _spawn(engine: str, mode: str, rows: int, where: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +277,12 @@ def _lines(
         return [r[what] for r in found[(rows, mode)]]
 
     bench = f"12 streams {engine}"
-    stored = {r["stored"] for (_, mode), rs in found.items() if mode != "load" for r in rs}
+
+    def equal(rows: int) -> bool:
+        """Whether every write of ``rows`` left the same day (count and hash sum)."""
+        written = [r["stored"] for (n, mode), rs in found.items() if n == rows for r in rs]
+        return len(set(written)) == 1
+
     lines = [
         Line(
             bench,
@@ -297,7 +317,7 @@ def _lines(
                 a_cpu=values(rows, "stream", "cpu"),
                 b_cpu=values(rows, "raw stream", "cpu"),
                 target=("<=", 1.3) if rows == large else None,
-                equal=len(stored) == 1,
+                equal=equal(rows),
             )
         )
     lines += [
