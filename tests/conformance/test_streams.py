@@ -22,7 +22,6 @@ from tests.conformance.test_replace_contract import (
     REFUSALS,
     Source,
     _drifted,
-    _failure,
     asset,
     events,
     fill,
@@ -30,7 +29,7 @@ from tests.conformance.test_replace_contract import (
     per_day,
     window_events,
 )
-from tests.helpers import NOW, settings, window
+from tests.helpers import NOW, settings, step_failure, window
 
 #: Rows per streamed batch: a day of 1,000 rows arrives in four.
 BATCH_ROWS = 300
@@ -96,7 +95,7 @@ def test_every_streamed_refusal_leaves_the_store_byte_identical(store: Store, ca
         raise_on_error=False,
     )
     assert not result.success
-    failure = _failure(result)
+    failure = step_failure(result)
     assert error in failure
     assert "Nothing was changed. Fix:" in failure
     assert store.snapshot() == before

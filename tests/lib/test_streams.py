@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
-from tests.helpers import DAILY, NOW, doc_python, settings, window
+from tests.helpers import DAILY, NOW, doc_python, settings, step_failure, window
 
 from .support import (
     DAYS,
@@ -109,7 +109,7 @@ def test_an_iterator_that_yields_nothing_is_refused_with_the_fix(tmp_path: Path)
     asset = trips_asset(source=lambda context: iter([]))
     result = run([asset], tmp_path / "w.duckdb", DAYS[1], raise_on_error=False)
     assert not result.success
-    text = _failure(result)
+    text = step_failure(result)
     assert "returned an iterator that yielded no batch" in text
     assert "Nothing was changed. Fix: yield one empty batch with the columns" in text
 
@@ -125,7 +125,7 @@ def test_a_later_batch_with_other_columns_is_refused_and_nothing_changes(tmp_pat
         return iter([day.slice(0, 500), renamed])
 
     result = run([trips_asset(source=drifting)], db, DAYS[1], raise_on_error=False)
-    text = _failure(result)
+    text = step_failure(result)
     assert "batch 2 of the iterator it returned has columns [trip_id int64" in text
     assert "Nothing was changed. Fix: give every yielded batch the first one's columns" in text
     assert fingerprints(db) == before
@@ -139,7 +139,7 @@ def test_a_relation_of_a_closed_connection_is_refused_with_the_fix(tmp_path: Pat
         return relation
 
     result = run([trips_asset(source=closed)], tmp_path / "w.duckdb", DAYS[1], raise_on_error=False)
-    text = _failure(result)
+    text = step_failure(result)
     assert "returned a DuckDB relation whose connection is closed" in text
     assert "Fix: return the relation while its connection is open" in text
 
@@ -256,7 +256,7 @@ def test_staging_memory_must_be_a_size(tmp_path: Path) -> None:
         database=str(tmp_path / "w.duckdb"), staging_memory="a lot"
     )
     result = dg.materialize([asset], resources=bad, partition_key=DAYS[1], raise_on_error=False)
-    assert "staging_memory 'a lot' is not a memory size. Fix: a number and a unit" in _failure(
+    assert "staging_memory 'a lot' is not a memory size. Fix: a number and a unit" in step_failure(
         result
     )
 
@@ -279,14 +279,6 @@ def test_the_target_database_keeps_its_own_memory_limit(tmp_path: Path) -> None:
         ia.publish(conn, stream(day_table(DAYS[1])), write, window(DAYS[1]), now=NOW)
         # Set by hand, it comes back to within what DuckDB shows of it (one decimal).
         assert limit(conn) == shown
-
-
-def _failure(result: dg.ExecuteInProcessResult) -> str:
-    failed = [e for e in result.all_events if e.is_step_failure]
-    assert failed, "the run did not fail"
-    data = failed[0].step_failure_data
-    assert data is not None and data.error is not None
-    return data.error.to_string()
 
 
 #: A child measures one publish's peak memory: ``python -m tests.lib.stream_memory <args>``.
@@ -355,7 +347,7 @@ def test_an_audited_stream_is_checked_on_its_staged_copy_then_published(tmp_path
     bad = audited_stream(checks, with_duplicates, md)
     refused = run([bad], db, DAYS[1], raise_on_error=False)
     assert not refused.success
-    assert "BlockingCheckError" in _failure(refused)
+    assert "BlockingCheckError" in step_failure(refused)
     with read(db) as conn:
         assert rows(conn) == before
 
@@ -424,6 +416,6 @@ def test_the_streaming_page_example_runs_as_printed(
 
     namespace["pages"] = with_a_stray_row
     result = job.execute_in_process(partition_key=DAYS[1], raise_on_error=False)
-    assert "StrayRowsError" in _failure(result)
+    assert "StrayRowsError" in step_failure(result)
     with duckdb.connect("warehouse.duckdb") as conn:
         assert conn.execute("SELECT count(*) FROM main.trips").fetchall() == before

@@ -7,7 +7,7 @@ the guards read it here: nothing reaches the target before every guard has passe
 
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import duckdb
@@ -17,7 +17,7 @@ from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.sql.predicates import Statement
 from idem_assets.lib.write.schema_fit import rounded_timestamps, stored_batch
 from idem_assets.lib.write.seam import Fitted
-from idem_assets.lib.write.streams import CHUNK_ROWS, spill_root
+from idem_assets.lib.write.streams import CHUNK_ROWS, cast_reader, spill_root
 
 #: Registered names are the library's own: not plain identifiers, so no user table has one.
 BATCH_PREFIX = "idem-batch-"
@@ -109,6 +109,33 @@ class DuckDBEvaluator:
 _PROCESS: tuple[int, duckdb.DuckDBPyConnection] | None = None
 
 
+def reading(
+    query: Callable[["DuckDBEvaluator"], Statement | str], schema: pa.Schema | None = None
+) -> pa.RecordBatchReader:
+    """The rows of ``query`` on an embedded evaluator of their own, which lives until they end.
+
+    ``query`` may register or create what it reads (the evaluator drops it at the end); the
+    rows come back in ``schema`` when given. For a load that hands a reader to its caller.
+    """
+    ev = embedded()
+    try:
+        found = ev.reader(query(ev))
+    except BaseException:
+        ev.release(failed=True)
+        ev.conn.close()
+        raise
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            yield from found
+        finally:
+            found.close()
+            ev.release(failed=True)
+            ev.conn.close()
+
+    return cast_reader(pa.RecordBatchReader.from_batches(found.schema, batches()), schema)
+
+
 def embedded() -> DuckDBEvaluator:
     """An evaluator on a cursor of the process's embedded DuckDB (close it with the cursor)."""
     return DuckDBEvaluator(embedded_database().cursor())
@@ -170,12 +197,7 @@ class StagedRows:
         if self._table is not None and relation in (None, self.relation):
             return self._table.to_reader()
         found = self.evaluator.reader(f"SELECT * FROM {relation or self.relation}")
-        want = self.schema
-        if found.schema == want:
-            return found
-        return pa.RecordBatchReader.from_batches(
-            want, (b.select(want.names).cast(want) for b in found)
-        )
+        return cast_reader(found, self.schema)
 
 
 class Counted:

@@ -204,6 +204,14 @@ def _spelt(schema: pa.Schema) -> str:
     return "[" + ", ".join(f"{f.name} {f.type}" for f in schema) + "]"
 
 
+def cast_reader(reader: pa.RecordBatchReader, schema: pa.Schema | None) -> pa.RecordBatchReader:
+    """``reader``'s batches in ``schema``'s columns and types (DuckDB gives its own types back)."""
+    if schema is None or reader.schema == schema:
+        return reader
+    names = schema.names
+    return pa.RecordBatchReader.from_batches(schema, (b.select(names).cast(schema) for b in reader))
+
+
 @dataclass(frozen=True)
 class SpillArea:
     """The DuckDB connection a streamed batch is staged in, and how its table lives there."""
@@ -234,17 +242,12 @@ class Spilled:
         """The staged table's quoted name."""
         return quote(self.name)
 
-    def reader(
-        self, query: str | None = None, schema: pa.Schema | None = None
-    ) -> pa.RecordBatchReader:
-        """The rows of ``query`` (the staged table itself by default), batch by batch."""
+    def reader(self) -> pa.RecordBatchReader:
+        """The staged rows batch by batch, in the asset's own types."""
         # A cursor of its own: DuckDB refuses other work on a connection with an open result.
         cursor = self.area.conn if self.area.temporary else self.area.conn.cursor()
-        found = cursor.sql(query or f"SELECT * FROM {self.relation}").to_arrow_reader(CHUNK_ROWS)
-        want = schema or (self.schema if query is None else None)
-        if want is None or found.schema == want:
-            return found
-        return pa.RecordBatchReader.from_batches(want, (b.cast(want) for b in found))
+        found = cursor.sql(f"SELECT * FROM {self.relation}").to_arrow_reader(CHUNK_ROWS)
+        return cast_reader(found, self.schema)
 
     def chunks(self) -> Iterator[pa.Table]:
         """Every row as the asset returned it, a bounded table at a time."""

@@ -45,7 +45,14 @@ from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Box, Region, WriteWindow, stored_region
 from idem_assets.lib.sql import statements
-from idem_assets.lib.write.evaluator import DuckDBEvaluator, StagedRows, embedded, staged_rows
+from idem_assets.lib.sql.predicates import Statement
+from idem_assets.lib.write.evaluator import (
+    DuckDBEvaluator,
+    StagedRows,
+    embedded,
+    reading,
+    staged_rows,
+)
 from idem_assets.lib.write.seam import (
     Capabilities,
     CommitConflict,
@@ -63,7 +70,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
-from idem_assets.lib.write.streams import CHUNK_ROWS, Spilled
+from idem_assets.lib.write.streams import Spilled
 
 if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
@@ -225,39 +232,18 @@ class DeltaBackend:
         order = [by_lower.get(c.lower(), c) for c in settings.partition_names]
         names = selected_columns(columns, stored)
 
-        def select(ev: DuckDBEvaluator) -> Any:
+        def select(ev: DuckDBEvaluator) -> Statement:
             target = _register(ev, found, found.metadata().partition_columns, region)
-            q, p = statements.select_window(
+            return statements.select_window(
                 target, list(stored) if names is None else names, region, order, nothing
             )
-            return ev.conn.sql(q, params=p)
 
         if stream:
-            return _streamed(select)
+            return reading(select)
         with _reading() as ev:
-            relation = select(ev)
+            q, p = select(ev)
+            relation = ev.conn.sql(q, params=p)
             return relation.to_arrow_table() if arrow else relation.df()
-
-
-def _streamed(select: Callable[[DuckDBEvaluator], Any]) -> pa.RecordBatchReader:
-    """The rows of ``select``'s relation batch by batch; its evaluator lives until they end."""
-    ev = embedded()
-    try:
-        reader = select(ev).to_arrow_reader(CHUNK_ROWS)
-    except BaseException:
-        ev.release(failed=True)
-        ev.conn.close()
-        raise
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        try:
-            yield from reader
-        finally:
-            reader.close()
-            ev.release(failed=True)
-            ev.conn.close()
-
-    return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
 
 @contextmanager

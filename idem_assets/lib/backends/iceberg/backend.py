@@ -46,7 +46,13 @@ from idem_assets.lib.model.identifiers import quote, validate_identifier
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import WriteWindow, stored_region
 from idem_assets.lib.sql import statements
-from idem_assets.lib.write.evaluator import DuckDBEvaluator, StagedRows, embedded, staged_rows
+from idem_assets.lib.write.evaluator import (
+    DuckDBEvaluator,
+    StagedRows,
+    embedded,
+    reading,
+    staged_rows,
+)
 from idem_assets.lib.write.schema_fit import evolved
 from idem_assets.lib.write.seam import (
     Capabilities,
@@ -240,27 +246,13 @@ class IcebergBackend:
                 full = rows.cast(pa.schema([pa.field(c, stored[c]) for c in rows.column_names]))
                 yield from full.select(wanted).to_batches()
 
-        ev = embedded()
         sorted_by = ", ".join(quote(c) for c in order)
-        try:
+
+        def query(ev: DuckDBEvaluator) -> str:
             relation = ev.create(pa.RecordBatchReader.from_batches(schema, parts()))
-            query = f"SELECT * FROM {relation}" + (f" ORDER BY {sorted_by}" if order else "")
-            reader = ev.reader(query)
-        except BaseException:
-            ev.release(failed=True)
-            ev.conn.close()
-            raise
+            return f"SELECT * FROM {relation}" + (f" ORDER BY {sorted_by}" if order else "")
 
-        def batches() -> Iterator[pa.RecordBatch]:
-            try:
-                for batch in reader:
-                    yield batch.cast(schema)
-            finally:
-                reader.close()
-                ev.release(failed=True)
-                ev.conn.close()
-
-        return pa.RecordBatchReader.from_batches(schema, batches())
+        return reading(query, schema)
 
 
 @contextmanager
