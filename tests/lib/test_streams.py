@@ -141,7 +141,7 @@ def test_a_relation_of_a_closed_connection_is_refused_with_the_fix(tmp_path: Pat
     result = run([trips_asset(source=closed)], tmp_path / "w.duckdb", DAYS[1], raise_on_error=False)
     text = step_failure(result)
     assert "returned a DuckDB relation whose connection is closed" in text
-    assert "Fix: return the relation while its connection is open" in text
+    assert "Fix: build the relation on a connection the asset does not close" in text
 
 
 def test_a_random_uuid_deep_in_a_stream_is_found_as_in_a_table(tmp_path: Path) -> None:
@@ -256,8 +256,9 @@ def test_staging_memory_must_be_a_size(tmp_path: Path) -> None:
         database=str(tmp_path / "w.duckdb"), staging_memory="a lot"
     )
     result = dg.materialize([asset], resources=bad, partition_key=DAYS[1], raise_on_error=False)
-    assert "staging_memory 'a lot' is not a memory size. Fix: a number and a unit" in step_failure(
-        result
+    assert (
+        "staging_memory 'a lot' is not a memory size of at least 16MB. Fix: a number and a unit"
+        in step_failure(result)
     )
 
 
@@ -419,3 +420,114 @@ def test_the_streaming_page_example_runs_as_printed(
     assert "StrayRowsError" in step_failure(result)
     with duckdb.connect("warehouse.duckdb") as conn:
         assert conn.execute("SELECT count(*) FROM main.trips").fetchall() == before
+
+
+def test_a_failure_of_duckdb_while_staging_is_reported_as_itself(tmp_path: Path) -> None:
+    """Past the memory limit with no room to spill, DuckDB's own error says so: nothing changed."""
+    write = settings("overwrite", MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, day_table(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        before = rows(conn)
+        conn.execute("SET max_temp_directory_size = '1MB'")
+        big = pa.Table.from_pandas(trips(DAYS[1], 1000), preserve_index=False)
+        many = pa.concat_tables([big] * 400)
+        with pytest.raises(duckdb.Error) as failed:
+            ia.publish(conn, stream(many), write, window(DAYS[1]), now=NOW, memory="16MB")
+        assert not isinstance(failed.value, GeneratorExit)
+        conn.execute("RESET max_temp_directory_size")
+        assert rows(conn) == before
+
+
+def test_memory_limits_of_overlapping_publishes_come_back_as_they_were() -> None:
+    """Two publishes staging at once on one database: the larger limit holds, then the own."""
+    from idem_assets.lib.write.streams import memory_limited
+
+    conn = duckdb.connect()
+
+    def limit() -> str:
+        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    default = limit()
+    first, second = memory_limited(conn, "64MB"), memory_limited(conn, "128MB")
+    first.__enter__()
+    assert limit() == "61.0 MiB"
+    second.__enter__()
+    assert limit() == "122.0 MiB"
+    first.__exit__(None, None, None)
+    assert limit() == "122.0 MiB"
+    second.__exit__(None, None, None)
+    assert limit() == default
+    conn.execute("SET memory_limit = '-1'")
+    with memory_limited(conn, "64MB"):
+        assert limit() == "61.0 MiB"
+    assert limit() == "16383.9 PiB"
+
+
+def test_categories_beyond_a_small_index_survive_the_staged_copy(tmp_path: Path) -> None:
+    """Pages of pandas categoricals, each under 128 categories, more than 128 across pages."""
+
+    def pages(context: dg.AssetExecutionContext) -> Iterator[pd.DataFrame]:
+        frame = trips(context.partition_key)
+        for first in range(0, 1000, 100):
+            page = frame.iloc[first : first + 100].copy()
+            page["zone"] = pd.Categorical([f"zone-{first + i}" for i in range(100)])
+            yield page
+
+    db = tmp_path / "w.duckdb"
+    assert run([trips_asset(source=lambda c: ia.batches(pages(c)))], db, DAYS[1]).success
+    with read(db) as conn:
+        zones = conn.execute("SELECT count(DISTINCT zone) FROM main.trips").fetchall()
+    assert zones == [(1000,)]
+
+
+def test_a_few_hex_ids_pass_streamed_as_they_pass_whole(tmp_path: Path) -> None:
+    """Three uuid4().hex values are not yet a run-time column, in a table or in a stream."""
+    day = day_table(DAYS[1])
+    refs = [f"ref-{i}" for i in range(997)] + [uuid.uuid4().hex for _ in range(3)]
+    batch = day.append_column("ref", pa.array(refs))
+    write = settings("overwrite", MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, batch, write, window(DAYS[1]), now=NOW)
+        ia.publish(conn, stream(batch), write, window(DAYS[1]), now=NOW)
+
+
+def test_a_stream_naming_a_column_twice_is_refused_before_staging(tmp_path: Path) -> None:
+    day = day_table(DAYS[1]).append_column("Fare", pa.array([1.0] * 1000))
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        with pytest.raises(ia.SchemaMismatchError, match=r"more than one column named \['Fare'"):
+            ia.publish(conn, stream(day), settings("overwrite", MD), window(DAYS[1]), now=NOW)
+
+
+def test_a_relation_of_the_target_connection_is_refused_with_a_fix_that_works(
+    tmp_path: Path,
+) -> None:
+    write = settings("overwrite", MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        conn.register("landed", day_table(DAYS[1]))
+        conn.execute("CREATE TABLE main.landing AS SELECT * FROM landed")
+        with pytest.raises(ia.SchemaMismatchError, match=r"conn.cursor\(\).sql\(\.\.\.\)"):
+            ia.publish(
+                conn, conn.sql("SELECT * FROM main.landing"), write, window(DAYS[1]), now=NOW
+            )
+        ia.publish(
+            conn, conn.cursor().sql("SELECT * FROM main.landing"), write, window(DAYS[1]), now=NOW
+        )
+        assert rows(conn) == frame_rows(trips(DAYS[1]))
+
+
+def test_nanosecond_timestamps_are_floored_in_the_copy_a_file_reader_gets(tmp_path: Path) -> None:
+    """Spark reads the staged copy as Parquet, which it takes in microseconds only."""
+    import pyarrow.parquet as pq
+
+    from idem_assets.lib.write.evaluator import embedded_database
+    from idem_assets.lib.write.streams import SpillArea, as_stream, spilled
+
+    stamps = pa.array([-1_500, 1_999, 86_399_999_999_999], pa.timestamp("ns"))
+    batch = pa.table({"at": stamps, "n": [1, 2, 3]})
+    area = SpillArea(embedded_database(), temporary=False)
+    stream_of = as_stream(stream(batch), "test")
+    assert stream_of is not None
+    with spilled(stream_of, area) as staged:
+        written = pq.read_table(staged.parquet())
+    assert written.schema.field("at").type == pa.timestamp("us")
+    assert written.column("at").cast(pa.int64()).to_pylist() == [-2, 1, 86_399_999_999]

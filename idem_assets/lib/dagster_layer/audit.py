@@ -105,6 +105,7 @@ def stage(
     asset: str,
     primary_key: Sequence[str] = (),
     dedupe_order_by: Sequence[str] = (),
+    memory: str = DEFAULT_MEMORY,
 ) -> "pa.Table | Spilled":
     """Freeze the batch, keeping the latest row per key when ``dedupe_order_by`` is set.
 
@@ -114,7 +115,7 @@ def stage(
     """
     stream = as_stream(data, asset)
     if stream is not None:
-        staged = spill(stream, SpillArea(embedded_database(), temporary=False), DEFAULT_MEMORY)
+        staged = spill(stream, SpillArea(embedded_database(), temporary=False), memory)
         if not (primary_key and dedupe_order_by):
             return staged
         query, _ = batch_sql.dedupe(
@@ -296,18 +297,26 @@ def run_audit(
     order = _raw(metadata.get(DEDUPE_ORDER_BY)) or ()
     key = (key,) if isinstance(key, str) else tuple(key)
     order = (order,) if isinstance(order, str) else tuple(order)
-    # Read once: a stream is staged in the embedded DuckDB, under the staging memory limit.
+    # Read once: a stream is staged in the embedded DuckDB, under the IO manager's limit.
     data = batch.data
     stream = None if isinstance(data, pa.Table) else as_stream(data, asset)
-    limited = memory_limited(embedded_database(), DEFAULT_MEMORY) if stream else nullcontext()
+    memory = _staging_memory(context)
+    limited = memory_limited(embedded_database(), memory) if stream else nullcontext()
     with limited:
-        table = stage(stream or data, asset, key, order)
+        table = stage(stream or data, asset, key, order, memory)
         try:
             yield from _audited(context, table, batch, checks, metadata, asset)
         finally:
             if isinstance(table, Spilled):
                 # Published by now (the IO manager read it while the Output was handled).
                 table.drop()
+
+
+def _staging_memory(context: dg.AssetExecutionContext) -> str:
+    """The staging memory of the IO manager that will publish this asset (the default else)."""
+    key = context.assets_def.get_io_manager_key_for_asset_key(context.asset_key)
+    io_manager = context.resources.original_resource_dict.get(key)
+    return getattr(io_manager, "staging_memory", None) or DEFAULT_MEMORY
 
 
 def _audited(

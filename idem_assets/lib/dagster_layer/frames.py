@@ -6,6 +6,7 @@ from typing import Any
 import pyarrow as pa
 
 from idem_assets.lib.model.errors import SchemaMismatchError
+from idem_assets.lib.write.streams import spill_root
 
 
 def to_arrow(obj: object, asset: str) -> pa.Table:
@@ -80,8 +81,10 @@ def from_parquet(path: str, frame_type: object, memory: str) -> Any:
     import pyarrow.parquet as pq
 
     if frame_type is duckdb.DuckDBPyRelation:
-        # A database of the input's own, under the staging memory, spilling past it.
-        conn = duckdb.connect(config={"memory_limit": memory})
+        # A database of the input's own, under the staging memory, spilling past it into the
+        # staging folder (an in-memory database's default is '.tmp' in the working directory).
+        folder = str(spill_root() / "duckdb-inputs")
+        conn = duckdb.connect(config={"memory_limit": memory, "temp_directory": folder})
         return conn.read_parquet(path)
     if frame_type is pa.RecordBatchReader:
         found = pq.ParquetFile(path)

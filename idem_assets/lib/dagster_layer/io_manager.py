@@ -6,7 +6,7 @@ managers only say how to open its backend (and, for the rerun-safety kit, how to
 """
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -44,9 +44,16 @@ from idem_assets.lib.model.windows import (
     window_from_keys,
 )
 from idem_assets.lib.write.guards import refuse_unsupported_expressions
-from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
+from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish, spill_area
 from idem_assets.lib.write.seam import Backend, Capabilities, EngineBatch, TableRef, probe_of
-from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, Stream, as_stream, to_parquet
+from idem_assets.lib.write.streams import (
+    DEFAULT_MEMORY,
+    Spilled,
+    Stream,
+    as_stream,
+    memory_limited,
+    to_parquet,
+)
 
 #: The input metadata key that selects the columns an input loads (dagster-duckdb's).
 COLUMNS = "columns"
@@ -156,7 +163,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         batch = self._batch(obj, settings.asset)
         if plan_run(context):
             # A plan run stages and judges the batch like a publish, and writes nothing.
-            plan_output(context, self._backend, batch, settings, window)
+            plan_output(context, self._backend, batch, settings, window, self.staging_memory)
             return
         with self._backend() as backend:
             result = publish(
@@ -209,12 +216,16 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         streamed = streams(frame_type)
         with self._backend() as backend:
             refuse_unsupported_expressions(settings, backend.capabilities)
-            loaded = backend.load(
-                settings, window, maps_to_nothing, want_arrow, columns, stream=streamed
-            )
-            if isinstance(loaded, pa.RecordBatchReader):
-                # Drained into a file before anything else reads through the backend.
-                loaded = _drained(loaded)
+            # A streamed load sorts and reads the window in DuckDB under the staging limit.
+            limit = self.staging_memory
+            area = spill_area(backend).conn if streamed else None
+            with memory_limited(area, limit) if area is not None else nullcontext():
+                loaded = backend.load(
+                    settings, window, maps_to_nothing, want_arrow, columns, stream=streamed
+                )
+                if isinstance(loaded, pa.RecordBatchReader):
+                    # Drained into a file before anything else reads through the backend.
+                    loaded = _drained(loaded)
             if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.

@@ -31,6 +31,7 @@ from idem_assets.lib.sql.predicates import arrow_expression, has_expression
 from idem_assets.lib.write.evaluator import embedded
 from idem_assets.lib.write.plan import PartitionPlan, PublishPlan, plan
 from idem_assets.lib.write.seam import Backend, EngineBatch
+from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, Stream
 
 #: The run tag that makes a run a plan.
 PLAN_TAG = "idem/plan"
@@ -59,11 +60,15 @@ def plan_run(context: dg.OutputContext | dg.InputContext | dg.AssetExecutionCont
 def plan_output(
     context: dg.OutputContext,
     backend: Callable[[], AbstractContextManager[Backend]],
-    batch: pa.Table | EngineBatch,
+    batch: "pa.Table | EngineBatch | Stream | Spilled",
     settings: WriteSettings,
     window: WriteWindow | None,
+    memory: str = DEFAULT_MEMORY,
 ) -> None:
-    """Plan the batch instead of publishing it, and report the plan; nothing is written."""
+    """Plan the batch instead of publishing it, and report the plan; nothing is written.
+
+    A streamed batch is staged under ``memory``, as its publish would stage it.
+    """
     refuse_recorded_plan(context, settings.asset, window)
     refused = refusal_of(context)
     with backend() as opened:
@@ -74,6 +79,7 @@ def plan_output(
             window,
             refusal=BlockingCheckError(refused) if refused else None,
             keep_rows=True,
+            memory=memory,
         )
     _remember(context.step_context.run_id, context.asset_key, planned, window)
     handle_plan(context, planned, settings, window)

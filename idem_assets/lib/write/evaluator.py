@@ -87,14 +87,26 @@ class DuckDBEvaluator:
 
     def release(self, failed: bool = False) -> None:
         """Unregister everything this evaluator registered (errors too, unless ``failed``)."""
-        dropped = [("VIEW", v) for v in self._views] + [("TABLE", t) for t in self._tables]
+        views, tables = self._views, self._tables
         self._views, self._tables = [], []
-        for kind, name in dropped:
+        for name in views:
             try:
-                self.conn.execute(f"DROP {kind} IF EXISTS {quote(name)}").fetchall()
+                self.conn.execute(f"DROP VIEW IF EXISTS {quote(name)}").fetchall()
             except duckdb.Error:
+                # A write that failed midway may leave a result open on this cursor; its
+                # temporary views go with the cursor when it closes.
                 if not failed:
                     raise
+        if tables:
+            # A table it created is the database's: dropped through a cursor of its own, which
+            # no open result of this one can refuse, or it would outlive the publish.
+            with self.conn.cursor() as fresh:
+                for name in tables:
+                    try:
+                        fresh.execute(f"DROP TABLE IF EXISTS {quote(name)}").fetchall()
+                    except duckdb.Error:
+                        if not failed:
+                            raise
         names, self._names = self._names, []
         for name in names:
             try:

@@ -47,7 +47,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     probe_of,
 )
-from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, as_stream, spilled
+from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, Stream, as_stream, spilled
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class _Planned(Exception):
 
 def plan(
     store: duckdb.DuckDBPyConnection | Backend,
-    batch: pa.Table | EngineBatch,
+    batch: "pa.Table | EngineBatch | Stream | Spilled | Any",
     settings: WriteSettings,
     window: WriteWindow | None,
     *,

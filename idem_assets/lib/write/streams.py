@@ -15,8 +15,11 @@ engines whose guards read the batch there (:class:`SpillArea`).
 import atexit
 import contextlib
 import os
+import re
 import shutil
+import socket
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +33,7 @@ import pyarrow as pa
 from idem_assets.lib.model.errors import SchemaMismatchError
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.write.runtime_values import _HEX32, _RANDOM_HEX, _RANDOM_UUID
+from idem_assets.lib.write.schema_fit import refuse_repeated_names
 from idem_assets.lib.write.seam import EngineBatch
 
 #: The memory DuckDB may take while it stages and judges a streamed batch, unless set otherwise.
@@ -62,6 +66,8 @@ class Stream:
     parquet: str | None = None
     #: Removes what reading the stream left behind (the Parquet file's folder).
     cleanup: Callable[[], None] = field(default=lambda: None)
+    #: Whether a DuckDB relation is being read (its connection is busy until it ends).
+    relation: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,21 @@ def batches(chunks: Iterable[Any]) -> Batches:
 
 
 def as_stream(obj: object, asset: str) -> Stream | None:
-    """``obj`` as a :class:`Stream` when it is one of the streamed kinds, else ``None``."""
+    """``obj`` as a :class:`Stream` when it is one of the streamed kinds, else ``None``.
+
+    A stream holding one column name twice is refused here, before DuckDB renames the copy.
+    """
+    stream = _recognised(obj, asset)
+    if stream is not None:
+        try:
+            refuse_repeated_names(stream.schema.names, f"asset '{asset}'", "DuckDB")
+        except BaseException:
+            stream.cleanup()
+            raise
+    return stream
+
+
+def _recognised(obj: object, asset: str) -> Stream | None:
     if isinstance(obj, Stream):
         return obj
     if isinstance(obj, Batches):
@@ -107,12 +127,13 @@ def _relation(relation: duckdb.DuckDBPyRelation, asset: str) -> Stream:
     except duckdb.ConnectionException as exc:
         raise SchemaMismatchError(
             f"Refused to write asset '{asset}': it returned a DuckDB relation whose connection"
-            f" is closed ({exc}), so its rows cannot be read. Nothing was changed. Fix: return"
-            " the relation while its connection is open (e.g. return it from inside the"
-            " `with duckdb.get_connection() as conn:` block, or build it on"
-            " duckdb.connect()), or return relation.to_arrow_table() for a small batch."
+            f" is closed ({exc}), so its rows cannot be read. Nothing was changed. Fix: build"
+            " the relation on a connection the asset does not close (e.g. conn ="
+            " duckdb.connect('warehouse.duckdb', read_only=True); return conn.sql(...)); a"
+            " DuckDBResource's `with` block closes its connection when the asset returns), or"
+            " return relation.to_arrow_table() for a batch that fits in memory."
         ) from exc
-    return Stream(reader, reader.schema)
+    return Stream(reader, reader.schema, relation=True)
 
 
 def _polars_lazy(obj: object) -> Any:
@@ -221,6 +242,19 @@ class SpillArea:
     #: it), or a table of the database every cursor of the embedded DuckDB sees.
     temporary: bool
 
+    @contextlib.contextmanager
+    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Where statements on the staged table run.
+
+        The connection itself for a TEMP table, else a cursor of their own (closed after),
+        which another's open result cannot block.
+        """
+        if self.temporary:
+            yield self.conn
+            return
+        with self.conn.cursor() as cursor:
+            yield cursor
+
 
 class Spilled:
     """A streamed batch staged once in a DuckDB table, where the guards read it."""
@@ -263,18 +297,42 @@ class Spilled:
         if self._parquet is None:
             folder = Path(tempfile.mkdtemp(prefix="idem-export-", dir=spill_root()))
             path = str(folder / "batch.parquet")
-            cursor = self.area.conn if self.area.temporary else self.area.conn.cursor()
-            cursor.execute(f"COPY {self.relation} TO ? (FORMAT parquet)", [path]).fetchall()
+            nanos = [f.name for f in self.schema if pa.types.is_timestamp(f.type)]
+            nanos = [n for n in nanos if self.schema.field(n).type.unit == "ns"]
+            if nanos:
+                # Readers of Parquet (Spark) take no nanosecond timestamps: floored to
+                # microseconds, as an engine storing microseconds stores them.
+                self._write_floored(path, nanos)
+            else:
+                with self.area.cursor() as cursor:
+                    cursor.execute(f"COPY {self.relation} TO ? (FORMAT parquet)", [path]).fetchall()
             self._parquet = path
         return self._parquet
+
+    def _write_floored(self, path: str, nanos: list[str]) -> None:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        fields = [
+            f.with_type(pa.timestamp("us", f.type.tz)) if f.name in nanos else f
+            for f in self.schema
+        ]
+        schema = pa.schema(fields)
+        with pq.ParquetWriter(path, schema) as writer:
+            for chunk in self.chunks():
+                for name in nanos:
+                    at = chunk.schema.get_field_index(name)
+                    floored = pc.floor_temporal(chunk.column(at), unit="microsecond")  # pyright: ignore[reportAttributeAccessIssue]
+                    chunk = chunk.set_column(at, name, floored.cast(schema.field(name).type))
+                writer.write_table(chunk)
 
     def derived(self, query: str) -> "Spilled":
         """A staged copy of ``query``'s rows over this one (a deduplication), this one dropped."""
         name = SPILL_PREFIX + uuid.uuid4().hex
         kind = "TEMP TABLE" if self.area.temporary else "TABLE"
-        cursor = self.area.conn if self.area.temporary else self.area.conn.cursor()
-        cursor.execute(f"CREATE {kind} {quote(name)} AS {query}").fetchall()
-        rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()[0][0]
+        with self.area.cursor() as cursor:
+            cursor.execute(f"CREATE {kind} {quote(name)} AS {query}").fetchall()
+            rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()[0][0]
         self.drop()
         return Spilled(self.area, name, self.schema, int(rows), self.memory)
 
@@ -302,10 +360,16 @@ def spilled(
     A batch already staged elsewhere (by an audit, in the embedded DuckDB) is copied into
     ``area`` batch by batch when the engine stages in its own database.
     """
-    if isinstance(stream, Spilled) and stream.area.conn is area.conn:
-        yield stream
-        return
+    try:
+        _size(memory)
+    except BaseException:
+        if isinstance(stream, Stream):
+            stream.cleanup()
+        raise
     with memory_limited(area.conn, memory):
+        if isinstance(stream, Spilled) and stream.area.conn is area.conn:
+            yield stream
+            return
         copy = (
             spill(Stream(stream.reader(), stream.schema), area, memory, progress)
             if isinstance(stream, Spilled)
@@ -324,35 +388,59 @@ def spill(
     name = SPILL_PREFIX + uuid.uuid4().hex
     kind = "TEMP TABLE" if area.temporary else "TABLE"
     counted = _Counted(stream, progress)
-    cursor = area.conn if area.temporary else area.conn.cursor()
-    try:
-        if stream.parquet is not None:
-            cursor.execute(
-                f"CREATE {kind} {quote(name)} AS SELECT * FROM read_parquet(?)", [stream.parquet]
-            ).fetchall()
-        else:
-            source = "idem-source-" + uuid.uuid4().hex
-            cursor.register(source, counted.reader())
-            try:
+    with area.cursor() as cursor:
+        try:
+            if stream.parquet is not None:
                 cursor.execute(
-                    f"CREATE {kind} {quote(name)} AS SELECT * FROM {quote(source)}"
+                    f"CREATE {kind} {quote(name)} AS SELECT * FROM read_parquet(?)",
+                    [stream.parquet],
                 ).fetchall()
-            finally:
-                cursor.unregister(source)
-    except BaseException as exc:
-        with contextlib.suppress(duckdb.Error):
-            cursor.execute(f"DROP TABLE IF EXISTS {quote(name)}").fetchall()
-        # The source's own error, not DuckDB's wrapping of it, says what went wrong.
-        if counted.error is not None and counted.error is not exc:
-            raise counted.error from exc
-        raise
-    finally:
-        stream.cleanup()
-    rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()
-    staged = Spilled(area, name, stream.schema, int(rows[0][0]) if rows else 0, memory)
+            else:
+                source = "idem-source-" + uuid.uuid4().hex
+                cursor.register(source, counted.reader())
+                try:
+                    cursor.execute(
+                        f"CREATE {kind} {quote(name)} AS SELECT * FROM {quote(source)}"
+                    ).fetchall()
+                finally:
+                    cursor.unregister(source)
+        except BaseException as exc:
+            with contextlib.suppress(duckdb.Error):
+                cursor.execute(f"DROP TABLE IF EXISTS {quote(name)}").fetchall()
+            if stream.relation and "result" in str(exc) and counted.error is None:
+                raise _busy_relation() from exc
+            # The source's own error, not DuckDB's wrapping of it, says what went wrong.
+            if counted.error is not None and counted.error is not exc:
+                raise counted.error from exc
+            raise
+        finally:
+            stream.cleanup()
+        rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()
+    staged = Spilled(area, name, plain(stream.schema), int(rows[0][0]) if rows else 0, memory)
     refuse_lost_types(staged)
     progress(f"Staged {staged.num_rows:,} rows in {counted.elapsed():.1f} s (DuckDB, {memory}).")
     return staged
+
+
+def _busy_relation() -> SchemaMismatchError:
+    return SchemaMismatchError(
+        "Refused to stage a DuckDB relation of the connection it is published to: reading it"
+        " keeps that connection busy, so the publish cannot stage it there. Nothing was"
+        " changed. Fix: build the relation on a cursor of the connection (rel ="
+        " conn.cursor().sql(...)), which reads the same database beside it."
+    )
+
+
+def plain(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with each dictionary column as its values' type, which every engine stores.
+
+    A dictionary's index type belongs to the batches it came in: DuckDB gives the copy back in
+    other batches, whose categories may not fit it (128 of them in an int8 index).
+    """
+    return pa.schema(
+        [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema],
+        metadata=schema.metadata,
+    )
 
 
 class _Counted:
@@ -381,15 +469,17 @@ class _Counted:
                     self.progress(f"Staging: {self.rows:,} rows read in {now - self.start:.0f} s.")
                     said = now
                 yield batch
-        except BaseException as exc:
+        except (Exception, KeyboardInterrupt) as exc:
+            # The source's own failure; a GeneratorExit is DuckDB closing the read, whose own
+            # error (a full disk, its memory limit) is then the one to report.
             self.error = exc
             raise
 
 
 def refuse_lost_types(staged: Spilled) -> None:
     """Refuse a column DuckDB stores in a type that cannot give the asset's values back."""
-    cursor = staged.area.conn if staged.area.temporary else staged.area.conn.cursor()
-    stored = cursor.sql(f"SELECT * FROM {staged.relation} LIMIT 0").to_arrow_table()
+    with staged.area.cursor() as cursor:
+        stored = cursor.sql(f"SELECT * FROM {staged.relation} LIMIT 0").to_arrow_table()
     lost = []
     for f in staged.schema:
         back = stored.schema.field(f.name).type
@@ -410,55 +500,126 @@ def refuse_lost_types(staged: Spilled) -> None:
         )
 
 
+_LIMITS_LOCK = threading.Lock()
+
+
+@dataclass
+class _Limit:
+    """One database's limit while streamed publishes run on it, and what to put back after."""
+
+    before: str
+    default: bool
+    #: The size each publish running now asked for; the database gets the largest.
+    asked: list[str] = field(default_factory=list)
+
+
+_LIMITS: dict[str, _Limit] = {}
+
+
 @contextlib.contextmanager
 def memory_limited(conn: duckdb.DuckDBPyConnection, memory: str) -> Iterator[None]:
     """``conn``'s database under ``memory`` while the block runs, its own limit restored after.
 
     DuckDB's limit belongs to the database, which the target's may share with the asset's own
-    connections: it is put back as it was. DuckDB reads a limit back only as it shows it (one
-    decimal, '2.7 GiB'), so a default limit is restored exactly (RESET) and one set by hand to
-    within that precision.
+    connections and with other publishes of this process: while several run, it is the largest
+    any of them asked for, and the last to end puts the database's own limit back. DuckDB reads
+    a limit back only as it shows it (one decimal, '2.7 GiB'), so a default limit is restored
+    exactly (RESET) and one set by hand to within that precision.
     """
-
-    def shown() -> str:
-        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-
-    before = shown()
-    conn.execute("RESET memory_limit").fetchall()
-    default = shown() == before
-    conn.execute(f"SET memory_limit = '{_size(memory)}'").fetchall()
+    asked = _size(memory)
+    key = _database(conn)
+    with _LIMITS_LOCK:
+        held = _LIMITS.get(key)
+        if held is None:
+            before = _shown(conn)
+            _run(conn, "RESET memory_limit")
+            held = _LIMITS[key] = _Limit(before, _shown(conn) == before)
+        held.asked.append(asked)
+        _run(conn, f"SET memory_limit = '{max(held.asked, key=_bytes)}'")
     try:
         yield
     finally:
-        with contextlib.suppress(duckdb.Error):
-            if default:
-                conn.execute("RESET memory_limit").fetchall()
-            else:
-                conn.execute(f"SET memory_limit = '{_midway(before)}'").fetchall()
+        with _LIMITS_LOCK:
+            held.asked.remove(asked)
+            # The publish's own error is the one to report: putting a limit back never hides it.
+            with contextlib.suppress(Exception):
+                if held.asked:
+                    _run(conn, f"SET memory_limit = '{max(held.asked, key=_bytes)}'")
+                elif held.default:
+                    _run(conn, "RESET memory_limit")
+                else:
+                    _run(conn, f"SET memory_limit = '{_midway(held.before)}'")
+            if not held.asked:
+                del _LIMITS[key]
+
+
+def _run(conn: duckdb.DuckDBPyConnection, statement: str) -> None:
+    # A cursor of its own: the connection may be another thread's, or hold an open result.
+    with conn.cursor() as cursor:
+        cursor.execute(statement).fetchall()
+
+
+def _shown(conn: duckdb.DuckDBPyConnection) -> str:
+    with conn.cursor() as cursor:
+        return cursor.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+
+def _database(conn: duckdb.DuckDBPyConnection) -> str:
+    """Which database ``conn`` is on: its file, or for one in memory the connection itself."""
+    with conn.cursor() as cursor:
+        found = cursor.execute(
+            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+        ).fetchall()
+    path = found[0][0] if found else None
+    return path or f"memory-{id(conn)}"
+
+
+_UNITS = {
+    "": 1,
+    "BYTES": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "PIB": 2**50,
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?I?B|BYTES)?\s*", re.IGNORECASE)
+
+
+def _bytes(text: str) -> float:
+    found = _SIZE.fullmatch(text)
+    assert found is not None, text
+    return float(found.group(1)) * _UNITS[(found.group(2) or "").upper()]
 
 
 def _midway(shown: str) -> str:
     """A limit DuckDB shows with one decimal ('2.7 GiB'), set as the middle of what it may be.
 
     The shown decimal is cut, not rounded: 3GB shows as '2.7 GiB' and is 2.79 GiB, so setting
-    '2.7 GiB' itself would show as '2.6 GiB'.
+    '2.7 GiB' itself would show as '2.6 GiB'. No limit at all shows as petabytes: '-1'.
     """
-    number, _, unit = _size(shown).partition(" ")
-    if "." not in number or not unit:
-        return shown
+    found = _SIZE.fullmatch(shown)
+    if found is None or (found.group(2) or "").upper() == "PIB":
+        return "-1"
+    number, unit = found.group(1), found.group(2) or "bytes"
+    if "." not in number:
+        return f"{number} {unit}"
     return f"{float(number) + 0.05:.2f} {unit}"
 
 
 def _size(text: str) -> str:
     """A memory size as DuckDB spells one (``256MB``, ``1.5 GiB``); anything else is refused."""
-    import re
-
-    if not re.fullmatch(r"\s*\d+(\.\d+)?\s*[KMGT]?i?B\s*", text, re.IGNORECASE):
+    if not _SIZE.fullmatch(text) or _bytes(text) < 16 * 10**6:
         from idem_assets.lib.model.errors import ConfigurationError
 
         raise ConfigurationError(
-            f"staging_memory {text!r} is not a memory size. Fix: a number and a unit, e.g."
-            " '256MB', '1GB' or '2GiB'."
+            f"staging_memory {text!r} is not a memory size of at least 16MB. Fix: a number and"
+            " a unit, e.g. '256MB', '1GB' or '2GiB'."
         )
     return text.strip()
 
@@ -470,21 +631,18 @@ def probe(staged: Spilled) -> pa.Table:
     the run-time check looks for (a random uuid, bare hex): those checks decide on this table
     exactly as on every row. Values come back in the asset's own types.
     """
-    cursor = staged.area.conn if staged.area.temporary else staged.area.conn.cursor()
     found: dict[str, list[pa.Array]] = {f.name: [] for f in staged.schema}
     ordered = [f for f in staged.schema if _ordered(f.type)]
-    if ordered:
-        picks = ", ".join(f"min({quote(f.name)}), max({quote(f.name)})" for f in ordered)
-        row = cursor.sql(f"SELECT {picks} FROM {staged.relation}").to_arrow_table()
-        for i, f in enumerate(ordered):
-            found[f.name] += [
-                row.column(2 * i).combine_chunks(),
-                row.column(2 * i + 1).combine_chunks(),
-            ]
-    for f in staged.schema:
-        text = _uuid_text(f)
-        if text is not None:
-            found[f.name] += _uuid_like(cursor, staged.relation, f.name, text)
+    with staged.area.cursor() as cursor:
+        if ordered:
+            picks = ", ".join(f"min({quote(f.name)}), max({quote(f.name)})" for f in ordered)
+            row = cursor.sql(f"SELECT {picks} FROM {staged.relation}").to_arrow_table()
+            for i, f in enumerate(ordered):
+                found[f.name] += [row.column(j).combine_chunks() for j in (2 * i, 2 * i + 1)]
+        for f in staged.schema:
+            text = _uuid_text(f)
+            if text is not None:
+                found[f.name] += _uuid_like(cursor, staged.relation, f.name, text)
     height = max((sum(len(a) for a in arrays) for arrays in found.values()), default=0)
     columns = []
     for f in staged.schema:
@@ -499,13 +657,12 @@ def _ordered(kind: pa.DataType) -> bool:
     """Types whose extremes decide the checks on values (ranges, run-time stamps)."""
     if pa.types.is_dictionary(kind):
         return False
+    # Not text: its run-time check reads the uuid picks, which an extreme would count twice.
     return (
         pa.types.is_integer(kind)
         or pa.types.is_floating(kind)
         or pa.types.is_decimal(kind)
         or pa.types.is_temporal(kind)
-        or pa.types.is_string(kind)
-        or pa.types.is_large_string(kind)
     )
 
 
@@ -564,14 +721,19 @@ def spill_root() -> Path:
         base = Path(tempfile.gettempdir()) / "idem-assets"
         base.mkdir(exist_ok=True)
         _remove_orphans(base)
-        _ROOT = base / f"staging-{os.getpid()}"
+        _ROOT = base / f"staging-{_HOST}-{os.getpid()}"
         _ROOT.mkdir(exist_ok=True)
         atexit.register(shutil.rmtree, _ROOT, True)
     return _ROOT
 
 
+#: Folders are named by host too: containers sharing a temporary directory see other hosts'
+#: processes as not running.
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
 def _remove_orphans(base: Path) -> None:
-    for folder in base.glob("staging-*"):
+    for folder in base.glob(f"staging-{_HOST}-*"):
         pid = folder.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _running(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)

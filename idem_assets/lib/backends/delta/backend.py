@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
+import duckdb
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -289,7 +290,13 @@ class DeltaTransaction:
         """Drop what this publish registered in the embedded DuckDB, and close its cursor."""
         try:
             for view in self._views:
-                self.evaluator.conn.execute(f"DROP VIEW IF EXISTS {view}")
+                try:
+                    self.evaluator.conn.execute(f"DROP VIEW IF EXISTS {view}").fetchall()
+                except duckdb.Error:
+                    # A commit that failed midway may leave a result open on the cursor: its
+                    # error is the one to report, and its temporary views go when it closes.
+                    if not failed:
+                        raise
             self.evaluator.release(failed)
         finally:
             self.evaluator.conn.close()

@@ -255,6 +255,25 @@ class IcebergBackend:
         return reading(query, schema)
 
 
+#: Rows of a streamed batch written as one table's files: fewer, larger data files than one
+#: per batch DuckDB reads back, in bounded memory (about 60 MB of a trip's 8 columns).
+FILE_ROWS = 1_048_576
+
+
+def _grouped(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.Table]:
+    """``reader``'s batches gathered into tables of about ``rows`` rows."""
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for batch in reader:
+        held.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(held, reader.schema)
+            held, count = [], 0
+    if held:
+        yield pa.Table.from_batches(held, reader.schema)
+
+
 @contextmanager
 def _reading() -> Iterator[DuckDBEvaluator]:
     """An evaluator for one read, released and closed after."""
@@ -449,7 +468,7 @@ class IcebergTransaction:
         if staged.streamed:
             # Read when the commit writes its files, a bounded table at a time.
             def chunks() -> Iterator[pa.Table]:
-                return (pa.Table.from_batches([b]) for b in staged.reader(written))
+                return _grouped(staged.reader(written), FILE_ROWS)
 
             batch, streamed = (self._keys(scope) if key else staged.schema.empty_table()), chunks
         else:

@@ -568,7 +568,8 @@ class PostgresTransaction:
         if not self._keys:
             kc = ", ".join(quote(k) for k in scope.key)
             source = scope.staged.relation
-            keys = self.evaluator.arrow(f"SELECT DISTINCT {kc} FROM {source}")
+            # Read as they go: a streamed merge's keys need not fit in memory.
+            keys = self.evaluator.reader(f"SELECT DISTINCT {kc} FROM {source}")
             name = KEYS_PREFIX + uuid.uuid4().hex
             self.cur.adbc_ingest(name, keys, mode="create", temporary=True)
             self._keys = name
