@@ -24,6 +24,30 @@ def pytest_configure(config: pytest.Config) -> None:
     once. Tests that want an instance make their own under tmp_path.
     """
     os.environ.pop("DAGSTER_HOME", None)
+    _read_storage_migrations_once()
+
+
+def _read_storage_migrations_once() -> None:
+    """Let alembic read Dagster's storage migration scripts once per worker, not per instance.
+
+    Each `dg.materialize` without an instance makes an ephemeral one, whose storages stamp
+    their schema with alembic, and alembic reads all of Dagster's ~90 revision files again each
+    time it is asked: over half of a small materialize's time, in the suite's thousands of them.
+    The files cannot change while the tests run, so one ScriptDirectory per location is kept;
+    what is stamped, and every table Dagster creates, stays as it is.
+    """
+    from alembic.script import ScriptDirectory
+
+    read = ScriptDirectory.from_config.__func__  # type: ignore[attr-defined]
+    kept: dict[tuple[str | None, str | None], ScriptDirectory] = {}
+
+    def from_config(cls: type[ScriptDirectory], config: Any) -> ScriptDirectory:
+        where = (config.config_file_name, config.get_main_option("script_location"))
+        if where not in kept:
+            kept[where] = read(cls, config)
+        return kept[where]
+
+    ScriptDirectory.from_config = classmethod(from_config)  # type: ignore[method-assign,assignment]
 
 
 #: Tests that start dagster-daemon, the webserver or Chromium run one after another in their

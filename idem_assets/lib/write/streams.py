@@ -494,9 +494,9 @@ def refuse_lost_types(staged: Spilled) -> None:
         raise SchemaMismatchError(
             f"Refused to stage a streamed batch: DuckDB, which stages it, cannot give back the"
             f" values of {lost} in their own type. Nothing was changed. Fix: cast those columns"
-            " to a type DuckDB holds (e.g. float16 to float32, decimal256 to decimal128, an"
-            " extension type to its storage type) before returning the stream, or return a"
-            " pyarrow Table."
+            " to a type DuckDB holds (e.g. float16 to float32, decimal256 to decimal128, a"
+            " duration to int64 of its unit, an extension type to its storage type) before"
+            " returning the stream, or return a pyarrow Table."
         )
 
 
