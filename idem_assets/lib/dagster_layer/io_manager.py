@@ -68,9 +68,9 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
 
-    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch:
+    def _batch(self, obj: object, settings: WriteSettings) -> pa.Table | EngineBatch:
         """What the asset returned as the publish takes it: Arrow, or a frame of the engine's."""
-        return to_arrow(obj, asset)
+        return to_arrow(obj, settings.asset)
 
     def _table_name(self, settings: WriteSettings) -> str:
         """``dagster/table_name``: the table, qualified as Dagster's IO manager for it does."""
@@ -119,7 +119,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Publish the batch: guards, then replace the run's window in one transaction."""
         settings = self._settings(context)
         window = self._window(context, settings)
-        batch = self._batch(obj, settings.asset)
+        batch = self._batch(obj, settings)
         if plan_run(context):
             # A plan run stages and judges the batch like a publish, and writes nothing.
             plan_output(context, self._backend, batch, settings, window)

@@ -188,6 +188,86 @@ def remove(spark: SparkSession, location: str) -> None:
         pass
 
 
+def _hidden(name: str) -> bool:
+    """Whether Spark's file listing skips a file of this name (``InMemoryFileIndex``)."""
+    return (
+        (name.startswith("_") and "=" not in name)
+        or name.startswith(".")
+        or (name.endswith("._COPYING_"))
+    )
+
+
+#: More files than this are counted by a Spark job: footers are read one at a time.
+FOOTERS_READ = 64
+
+
+def row_count(spark: SparkSession, locations: Sequence[str]) -> int | None:
+    """The rows of the Parquet files in ``locations``, from their footers (no row is read).
+
+    ``None`` where Spark would read something else there (a directory, a summary file, a
+    file that is no Parquet) or there are more than :data:`FOOTERS_READ` files.
+    """
+    jvm = _jvm(spark)
+    conf = spark._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    files = []
+    for location in locations:
+        fs, path = _path(spark, location)
+        if not fs.exists(path):
+            continue
+        for status in fs.listStatus(path):
+            name = str(status.getPath().getName())
+            if name.startswith(("_metadata", "_common_metadata")):
+                return None
+            if _hidden(name):
+                continue
+            if status.isDirectory():
+                return None
+            files.append(status)
+    if len(files) > FOOTERS_READ:
+        return None
+    total = 0
+    for status in files:
+        try:
+            reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(
+                jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromStatus(status, conf)
+            )
+        except Exception:
+            return None
+        try:
+            total += int(reader.getRecordCount())
+        finally:
+            reader.close()
+    return total
+
+
+def move_files(spark: SparkSession, source: str, target: str) -> list[str]:
+    """Move every file under ``source`` to the same place under ``target``; returns them there.
+
+    A rename of each file (a copy on object storage): the files keep their names, which
+    hold the id of the job that wrote them, so they join a directory without clashing.
+    """
+    jvm = _jvm(spark)
+    fs, path = _path(spark, source)
+    root = str(fs.makeQualified(path).toString()).rstrip("/")
+    moved = []
+    if not fs.exists(path):
+        return moved
+    found = fs.listFiles(path, True)
+    files = []
+    while found.hasNext():
+        files.append(str(found.next().getPath().toString()))
+    for name in files:
+        relative = name[len(root) :].lstrip("/")
+        if any(_hidden(part) for part in relative.split("/")):
+            continue
+        destination = jvm.org.apache.hadoop.fs.Path(f"{target.rstrip('/')}/{relative}")
+        fs.mkdirs(destination.getParent())
+        if not fs.rename(jvm.org.apache.hadoop.fs.Path(name), destination):
+            raise OSError(f"could not move {name} to {destination.toString()}")
+        moved.append(str(destination.toString()))
+    return moved
+
+
 def qualified(spark: SparkSession, location: str) -> str:
     """``location`` as a full URI of its file system (``file:/...`` for a local path)."""
     fs, path = _path(spark, location)
