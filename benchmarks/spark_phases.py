@@ -134,7 +134,8 @@ def instrument(phases: Phases) -> None:
     phases.wrap(publish, "check_runtime_values")
     phases.wrap(backend, "table_lock", "lock")
     names = ("partitions", "written_partitions", "move_partitions", "remove", "version")
-    for name in (*names, "row_count", "move_files"):
+    more = ("add_partitions", "drop_partition", "set_properties", "table_exists")
+    for name in (*names, *more, "row_count", "move_files", "partition_created"):
         phases.wrap(catalog, name, f"catalog: {name}")
 
 
