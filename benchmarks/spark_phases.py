@@ -133,8 +133,8 @@ def instrument(phases: Phases) -> None:
     phases.wrap(guards, "profile", "guards: profile")
     phases.wrap(publish, "check_runtime_values")
     phases.wrap(backend, "table_lock", "lock")
-    names = ("partitions", "written_partitions", "move_partitions", "remove", "version")
-    more = ("add_partitions", "drop_partition", "set_properties", "table_exists")
+    names = ("partitions", "written_partitions", "move_partitions", "remove", "advance")
+    more = ("add_partitions", "drop_partition", "table_exists")
     for name in (*names, *more, "row_count", "move_files", "partition_created"):
         phases.wrap(catalog, name, f"catalog: {name}")
 

@@ -368,7 +368,7 @@ class SparkTransaction:
         self._frame: SparkFrame | None = None
         self._struct: T.StructType | None = None
         self._layout: tuple[str, ...] = ()
-        self._partitions: dict[Spec, str] | None = None
+        self._partitions: dict[Spec, catalog.Partition] | None = None
         self._kept: _Kept | None = None
         #: Files of the kept rows moved into the staged copy, taken out again if it fails.
         self._moved: list[str] = []
@@ -443,7 +443,7 @@ class SparkTransaction:
             self._duck = embedded()
             return Staged(relation=self._duck.register(local), evaluator=self._duck)
         assert isinstance(batch, SparkFrame)
-        if _unchanged(batch, fitted, layout):
+        if batch.location.startswith(f"{table.root}/") and _unchanged(batch, fitted, layout):
             # The evaluated copy already holds the batch as stored, laid out as the table.
             self._stage_dir = batch.location
         else:
@@ -471,7 +471,7 @@ class SparkTransaction:
         assert self._struct is not None
         return self.spark.read.schema(self._struct).format("parquet").load(location)
 
-    def _existing(self) -> dict[Spec, str]:
+    def _existing(self) -> dict[Spec, catalog.Partition]:
         """The table's partitions and their locations, read from the metastore once."""
         if self._partitions is None:
             table = self._current()
@@ -480,10 +480,10 @@ class SparkTransaction:
         return self._partitions
 
     def _touched(self, scope: Scope) -> dict[Spec, str]:
-        """The table's partitions that may hold rows of the window."""
+        """The table's partitions that may hold rows of the window, and their locations."""
         return {
-            s: loc
-            for s, loc in self._existing().items()
+            s: p.location
+            for s, p in self._existing().items()
             if meets(scope.region, s, scope.time_column)
         }
 
@@ -681,8 +681,10 @@ class SparkTransaction:
                 batch = self.evaluator.frame(q)
         adopted = self._adopted
         if rows is None and settings.mode == "merge":
-            # An overwrite's rows are the window's once written (the guards refused any other).
-            rows = adopted.rows if adopted is not None else batch.count()
+            # An overwrite's rows are the window's once written (the guards refused any other);
+            # a merge's are the batch's, counted when it was evaluated unless deduplicated since.
+            counted = adopted.rows if adopted is not None and not settings.dedupe_order_by else None
+            rows = batch.count() if counted is None else counted
         on_stage("deleted")
         layout, time_column = self._layout, scope.time_column
         existing = self._existing()
@@ -838,22 +840,20 @@ class SparkTransaction:
         if plan.create:
             self._create(table, plan)
         else:
-            now = catalog.version(spark, table.db, table.name, VERSION)
+            columns = {COLUMNS: json.dumps(plan.order)}
+            now = catalog.advance(spark, table.db, table.name, VERSION, table.version, columns)
             if now != table.version:
                 raise CommitConflict(
                     f"table {table.db}.{table.name} was committed to by another writer"
                     f" (version {table.version} -> {now}) while this one wrote"
                 )
-            properties = {VERSION: str(table.version + 1), COLUMNS: json.dumps(plan.order)}
-            spark.sql(
-                f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ({_properties(properties)})"
-            )
             if plan.added:
                 columns = ", ".join(f"`{c}` {t}" for c, t in plan.added)
                 spark.sql(f"ALTER TABLE {table.qualified} ADD COLUMNS ({columns})")
             if self._layout:
                 self._add_placeholders(table, plan)
-                catalog.move_partitions(spark, table.db, table.name, plan.moves)
+                listed = self._existing()
+                catalog.move_partitions(spark, table.db, table.name, plan.moves, listed)
             else:
                 spark.sql(f"ALTER TABLE {table.qualified} SET LOCATION {_literal(plan.version)}")
         # Visible now: from here on, the version directory is the table's.
@@ -901,13 +901,13 @@ class SparkTransaction:
         if not plan.missing:
             return
         empty = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
-        adds = []
+        adds: dict[Spec, str | None] = {}
         for spec in plan.missing:
             location = directory(empty, spec, self._layout)
             catalog.make_directory(self.spark, location)
-            adds.append(f"PARTITION ({_spec_sql(spec)}) LOCATION {_literal(location)}")
+            adds[spec] = location
             plan.replaced.append(location)
-        self.spark.sql(f"ALTER TABLE {table.qualified} ADD IF NOT EXISTS {' '.join(adds)}")
+        catalog.add_partitions(self.spark, table.db, table.name, adds, if_missing=True)
 
     _owner: str | None = None
 

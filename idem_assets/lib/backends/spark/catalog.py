@@ -8,6 +8,7 @@ the ``spark`` extra pins Spark's minor version and this module is the only one t
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -78,11 +79,75 @@ def table_exists(spark: SparkSession, db: str, table: str) -> bool:
     return bool(_catalog(spark).tableExists(_ident(spark, db, table)))
 
 
-def version(spark: SparkSession, db: str, table: str, key: str) -> int:
-    """The table's commit counter as the metastore holds it now."""
-    meta = _catalog(spark).getTableMetadata(_ident(spark, db, table))
-    found = meta.properties().get(key)
-    return int(found.get()) if found.isDefined() else 0
+def _copied(case: Any, **changes: Any) -> Any:
+    """A copy of a Scala case class with the named fields changed."""
+    fields = []
+    for i in range(case.productArity()):
+        name = str(case.productElementName(i))
+        fields.append(changes.pop(name) if name in changes else case.productElement(i))
+    assert not changes, f"no such fields: {sorted(changes)}"
+    return case.copy(*fields)
+
+
+def advance(
+    spark: SparkSession, db: str, table: str, counter: str, seen: int, values: Mapping[str, str]
+) -> int:
+    """Raise the table's commit counter from ``seen``, setting ``values`` with it; or not.
+
+    Returns the counter the table held: any other than ``seen`` means nothing was changed.
+    One read and one write of the table's metadata, as ``ALTER TABLE ... SET TBLPROPERTIES``
+    without the statement's parsing and analysis, which cost more than the calls.
+    """
+    catalog, ident = _catalog(spark), _ident(spark, db, table)
+    meta = catalog.getTableRawMetadata(ident)
+    found = meta.properties().get(counter)
+    now = int(found.get()) if found.isDefined() else 0
+    if now != seen:
+        return now
+    changed = {**values, counter: str(seen + 1)}
+    properties = getattr(meta.properties(), "$plus$plus")(_scala_map(spark, changed))
+    catalog.alterTable(_copied(meta, properties=properties))
+    return now
+
+
+def add_partitions(
+    spark: SparkSession,
+    db: str,
+    table: str,
+    specs: Mapping[Spec, str | None],
+    if_missing: bool = False,
+) -> None:
+    """Register partitions in one metastore call (a location ``None``: the table's default).
+
+    ``if_missing``: a partition that exists already is left as it is; otherwise it fails the
+    call, and no partition is added.
+    """
+    jvm, catalog = _jvm(spark), _catalog(spark)
+    formats = jvm.org.apache.spark.sql.catalyst.catalog.CatalogStorageFormat
+    now = jvm.java.lang.System.currentTimeMillis()
+    parts = []
+    for spec, location in specs.items():
+        storage = formats.empty()
+        if location is not None:
+            uri = jvm.scala.Option.apply(jvm.java.net.URI(location))
+            storage = _copied(storage, locationUri=uri)
+        parts.append(
+            jvm.org.apache.spark.sql.catalyst.catalog.CatalogTablePartition(
+                _scala_map(spark, dict(spec)),
+                storage,
+                _scala_map(spark, {}),
+                now,
+                0,
+                jvm.scala.Option.empty(),
+            )
+        )
+    catalog.createPartitions(_ident(spark, db, table), _scala_list(spark, parts), if_missing)
+
+
+def drop_partition(spark: SparkSession, db: str, table: str, spec: Mapping[str, str]) -> None:
+    """Drop a partition and its directory in one metastore call; a missing one is no error."""
+    specs = _scala_list(spark, [_scala_map(spark, spec)])
+    _catalog(spark).dropPartitions(_ident(spark, db, table), specs, True, False, False)
 
 
 def _unescape(text: str) -> str:
@@ -117,18 +182,26 @@ def written_partitions(spark: SparkSession, location: str, layout: Sequence[str]
     return specs
 
 
-def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, str]:
+@dataclass(frozen=True)
+class Partition:
+    """A partition as the metastore listed it: its location, and the catalog's own record."""
+
+    location: str
+    #: The catalog's ``CatalogTablePartition``: a swap changes its copy, not read again.
+    record: Any = field(compare=False)
+
+
+def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, Partition]:
     """Every partition of the table with its location, read from the metastore now."""
-    found: dict[Spec, str] = {}
+    found: dict[Spec, Partition] = {}
     listed = _catalog(spark).listPartitions(
         _ident(spark, db, table), _jvm(spark).scala.Option.empty()
     )
     for i in range(listed.size()):
         part = listed.apply(i)
         spec = _as_dict(spark, part.spec())
-        found[tuple(sorted((k.lower(), v) for k, v in spec.items()))] = str(
-            part.storage().locationUri().get().toString()
-        )
+        location = str(part.storage().locationUri().get().toString())
+        found[tuple(sorted((k.lower(), v) for k, v in spec.items()))] = Partition(location, part)
     return found
 
 
@@ -136,25 +209,32 @@ def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, str]:
 _STATISTICS = ("totalSize", "numFiles", "numRows", "rawDataSize")
 
 
-def move_partitions(spark: SparkSession, db: str, table: str, moves: Mapping[Spec, str]) -> None:
-    """Point every partition in ``moves`` at its new location in one catalog call."""
+def move_partitions(
+    spark: SparkSession,
+    db: str,
+    table: str,
+    moves: Mapping[Spec, str],
+    listed: Mapping[Spec, Partition] | None = None,
+) -> None:
+    """Point every partition in ``moves`` at its new location in one catalog call.
+
+    ``listed``: the partitions as read before (under the table's lock, unchanged since, as
+    its commit counter shows); the others are read now.
+    """
     jvm, catalog, ident = _jvm(spark), _catalog(spark), _ident(spark, db, table)
     moved = []
     for spec, location in moves.items():
-        part = catalog.getPartition(ident, _scala_map(spark, dict(spec)))
-        storage = part.storage()
-        fields = [storage.productElement(i) for i in range(storage.productArity())]
-        fields[0] = jvm.scala.Option.apply(jvm.java.net.URI(location))
+        known = (listed or {}).get(spec)
+        part = known.record if known else catalog.getPartition(ident, _scala_map(spark, dict(spec)))
+        uri = jvm.scala.Option.apply(jvm.java.net.URI(location))
         params = _as_dict(spark, part.parameters())
         kept = {k: v for k, v in params.items() if k not in _STATISTICS}
         moved.append(
-            part.copy(
-                part.spec(),
-                storage.copy(*fields),
-                _scala_map(spark, kept),
-                part.createTime(),
-                part.lastAccessTime(),
-                jvm.scala.Option.empty(),
+            _copied(
+                part,
+                storage=_copied(part.storage(), locationUri=uri),
+                parameters=_scala_map(spark, kept),
+                stats=jvm.scala.Option.empty(),
             )
         )
     catalog.alterPartitions(ident, _scala_list(spark, moved))
