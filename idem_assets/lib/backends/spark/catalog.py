@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from py4j.java_gateway import JavaClass
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
@@ -22,39 +23,44 @@ def _catalog(spark: SparkSession) -> Any:
     return spark._jsparkSession.sessionState().catalog()  # type: ignore[union-attr]
 
 
-def _jvm(spark: SparkSession) -> Any:
-    return spark._jvm  # type: ignore[attr-defined]
+def _class(spark: SparkSession, name: str) -> Any:
+    """A JVM class by its full name (py4j's ``jvm.a.b.C`` asks the JVM about each part)."""
+    return JavaClass(name, spark.sparkContext._gateway._gateway_client)  # type: ignore[union-attr]
 
 
 def _ident(spark: SparkSession, db: str, table: str) -> Any:
-    jvm = _jvm(spark)
-    return jvm.org.apache.spark.sql.catalyst.TableIdentifier.apply(
-        table, jvm.scala.Option.apply(db)
+    return _class(spark, "org.apache.spark.sql.catalyst.TableIdentifier").apply(
+        table, _class(spark, "scala.Option").apply(db)
     )
 
 
 def _scala_map(spark: SparkSession, items: Mapping[str, str]) -> Any:
-    jvm = _jvm(spark)
-    found = jvm.java.util.HashMap()
+    found = _class(spark, "java.util.HashMap")()
     for k, v in items.items():
         found.put(k, v)
     # Scala 2.13's immutable.Map.from; "from" is a Python keyword.
-    return getattr(jvm.scala.collection.immutable.Map, "from")(
-        jvm.scala.jdk.javaapi.CollectionConverters.asScala(found)
+    return getattr(_class(spark, "scala.collection.immutable.Map"), "from")(
+        _class(spark, "scala.jdk.javaapi.CollectionConverters").asScala(found)
     )
 
 
 def _scala_list(spark: SparkSession, items: Sequence[Any]) -> Any:
-    jvm = _jvm(spark)
-    found = jvm.java.util.ArrayList()
+    found = _class(spark, "java.util.ArrayList")()
     for item in items:
         found.add(item)
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(found).toList()
+    return _class(spark, "scala.jdk.javaapi.CollectionConverters").asScala(found).toList()
+
+
+def _json(spark: SparkSession, scala: Any) -> Any:
+    """A Scala collection of strings as Python data, in one round trip to the JVM, not one each."""
+    java = _class(spark, "scala.jdk.javaapi.CollectionConverters").asJava(scala)
+    return json.loads(
+        _class(spark, "com.fasterxml.jackson.databind.ObjectMapper")().writeValueAsString(java)
+    )
 
 
 def _as_dict(spark: SparkSession, scala_map: Any) -> dict[str, str]:
-    java = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(scala_map)
-    return {str(k): str(java.get(k)) for k in java.keySet()}
+    return {str(k): str(v) for k, v in _json(spark, scala_map).items()}
 
 
 def table_info(
@@ -65,10 +71,9 @@ def table_info(
     if not catalog.tableExists(ident):
         return None
     meta = catalog.getTableMetadata(ident)
-    names = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(meta.partitionColumnNames())
     return (
         str(meta.location().toString()),
-        tuple(str(n) for n in names),
+        tuple(str(n) for n in _json(spark, meta.partitionColumnNames())),
         _as_dict(spark, meta.properties()),
         T.StructType.fromJson(json.loads(meta.schema().json())),
     )
@@ -122,23 +127,23 @@ def add_partitions(
     ``if_missing``: a partition that exists already is left as it is; otherwise it fails the
     call, and no partition is added.
     """
-    jvm, catalog = _jvm(spark), _catalog(spark)
-    formats = jvm.org.apache.spark.sql.catalyst.catalog.CatalogStorageFormat
-    now = jvm.java.lang.System.currentTimeMillis()
+    catalog = _catalog(spark)
+    formats = _class(spark, "org.apache.spark.sql.catalyst.catalog.CatalogStorageFormat")
+    now = _class(spark, "java.lang.System").currentTimeMillis()
     parts = []
     for spec, location in specs.items():
         storage = formats.empty()
         if location is not None:
-            uri = jvm.scala.Option.apply(jvm.java.net.URI(location))
+            uri = _class(spark, "scala.Option").apply(_class(spark, "java.net.URI")(location))
             storage = _copied(storage, locationUri=uri)
         parts.append(
-            jvm.org.apache.spark.sql.catalyst.catalog.CatalogTablePartition(
+            _class(spark, "org.apache.spark.sql.catalyst.catalog.CatalogTablePartition")(
                 _scala_map(spark, dict(spec)),
                 storage,
                 _scala_map(spark, {}),
                 now,
                 0,
-                jvm.scala.Option.empty(),
+                _class(spark, "scala.Option").empty(),
             )
         )
     catalog.createPartitions(_ident(spark, db, table), _scala_list(spark, parts), if_missing)
@@ -169,7 +174,7 @@ def _is_hex(text: str) -> bool:
 def written_partitions(spark: SparkSession, location: str, layout: Sequence[str]) -> list[Spec]:
     """The partitions a write left in ``location``, read from its directory names."""
     fs, path = _path(spark, location)
-    pattern = _jvm(spark).org.apache.hadoop.fs.Path(location + "/*" * len(layout))
+    pattern = _class(spark, "org.apache.hadoop.fs.Path")(location + "/*" * len(layout))
     found = fs.globStatus(pattern) if fs.exists(path) else None
     specs: list[Spec] = []
     for status in found or []:
@@ -195,7 +200,7 @@ def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, Partition
     """Every partition of the table with its location, read from the metastore now."""
     found: dict[Spec, Partition] = {}
     listed = _catalog(spark).listPartitions(
-        _ident(spark, db, table), _jvm(spark).scala.Option.empty()
+        _ident(spark, db, table), _class(spark, "scala.Option").empty()
     )
     for i in range(listed.size()):
         part = listed.apply(i)
@@ -221,12 +226,12 @@ def move_partitions(
     ``listed``: the partitions as read before (under the table's lock, unchanged since, as
     its commit counter shows); the others are read now.
     """
-    jvm, catalog, ident = _jvm(spark), _catalog(spark), _ident(spark, db, table)
+    catalog, ident = _catalog(spark), _ident(spark, db, table)
     moved = []
     for spec, location in moves.items():
         known = (listed or {}).get(spec)
         part = known.record if known else catalog.getPartition(ident, _scala_map(spark, dict(spec)))
-        uri = jvm.scala.Option.apply(jvm.java.net.URI(location))
+        uri = _class(spark, "scala.Option").apply(_class(spark, "java.net.URI")(location))
         params = _as_dict(spark, part.parameters())
         kept = {k: v for k, v in params.items() if k not in _STATISTICS}
         moved.append(
@@ -234,15 +239,14 @@ def move_partitions(
                 part,
                 storage=_copied(part.storage(), locationUri=uri),
                 parameters=_scala_map(spark, kept),
-                stats=jvm.scala.Option.empty(),
+                stats=_class(spark, "scala.Option").empty(),
             )
         )
     catalog.alterPartitions(ident, _scala_list(spark, moved))
 
 
 def _path(spark: SparkSession, location: str) -> tuple[Any, Any]:
-    jvm = _jvm(spark)
-    path = jvm.org.apache.hadoop.fs.Path(location)
+    path = _class(spark, "org.apache.hadoop.fs.Path")(location)
     conf = spark._jsc.hadoopConfiguration()  # type: ignore[union-attr]
     return path.getFileSystem(conf), path
 
@@ -287,7 +291,6 @@ def row_count(spark: SparkSession, locations: Sequence[str]) -> int | None:
     ``None`` where Spark would read something else there (a directory, a summary file, a
     file that is no Parquet) or there are more than :data:`FOOTERS_READ` files.
     """
-    jvm = _jvm(spark)
     conf = spark._jsc.hadoopConfiguration()  # type: ignore[union-attr]
     files = []
     for location in locations:
@@ -308,8 +311,10 @@ def row_count(spark: SparkSession, locations: Sequence[str]) -> int | None:
     total = 0
     for status in files:
         try:
-            reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(
-                jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromStatus(status, conf)
+            reader = _class(spark, "org.apache.parquet.hadoop.ParquetFileReader").open(
+                _class(spark, "org.apache.parquet.hadoop.util.HadoopInputFile").fromStatus(
+                    status, conf
+                )
             )
         except Exception:
             return None
@@ -326,7 +331,6 @@ def move_files(spark: SparkSession, source: str, target: str) -> list[str]:
     A rename of each file (a copy on object storage): the files keep their names, which
     hold the id of the job that wrote them, so they join a directory without clashing.
     """
-    jvm = _jvm(spark)
     fs, path = _path(spark, source)
     root = str(fs.makeQualified(path).toString()).rstrip("/")
     moved = []
@@ -340,9 +344,9 @@ def move_files(spark: SparkSession, source: str, target: str) -> list[str]:
         relative = name[len(root) :].lstrip("/")
         if any(_hidden(part) for part in relative.split("/")):
             continue
-        destination = jvm.org.apache.hadoop.fs.Path(f"{target.rstrip('/')}/{relative}")
+        destination = _class(spark, "org.apache.hadoop.fs.Path")(f"{target.rstrip('/')}/{relative}")
         fs.mkdirs(destination.getParent())
-        if not fs.rename(jvm.org.apache.hadoop.fs.Path(name), destination):
+        if not fs.rename(_class(spark, "org.apache.hadoop.fs.Path")(name), destination):
             raise OSError(f"could not move {name} to {destination.toString()}")
         moved.append(str(destination.toString()))
     return moved
