@@ -29,6 +29,7 @@ from benchmarks import (
     bench_publish,
     bench_scaling,
     bench_spark,
+    bench_streams,
     breakdown,
 )
 from benchmarks.harness import ROOT, Line, Scale, machine, render
@@ -45,6 +46,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "iceberg": bench_iceberg,
     "spark": bench_spark,
     "plan": bench_plan,
+    "streams": bench_streams,
 }
 RESULTS = ROOT / "benchmarks" / "results.md"
 

@@ -53,6 +53,7 @@ from idem_assets.lib.outbox.outbox import (
 )
 from idem_assets.lib.write.plan import PartitionPlan, PublishPlan, plan
 from idem_assets.lib.write.publish import PublishResult, publish, table_fingerprint
+from idem_assets.lib.write.streams import Batches, batches
 
 if TYPE_CHECKING:
     # Type checkers see every engine's names; at run time each is imported when first used.
@@ -98,6 +99,7 @@ __all__ = [
     "PLAN_TAGS",
     "AuditReport",
     "Batch",
+    "Batches",
     "BlockingCheckError",
     "Check",
     "ConcurrentWriteError",
@@ -140,6 +142,7 @@ __all__ = [
     "WriteWindow",
     "audit_table",
     "audited_asset",
+    "batches",
     "between",
     "content_changed",
     "content_fingerprint",

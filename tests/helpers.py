@@ -136,3 +136,12 @@ def http_receiver() -> Iterator[Receiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def step_failure(result: dg.ExecuteInProcessResult) -> str:
+    """The first failed step's error, with its cause, as the run log shows it."""
+    failed = [e for e in result.all_events if e.is_step_failure]
+    assert failed, "the run failed without a step failure"
+    data = failed[0].step_failure_data
+    assert data is not None and data.error is not None
+    return data.error.to_string()

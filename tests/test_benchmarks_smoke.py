@@ -22,6 +22,7 @@ BENCHMARKS = [
     "iceberg",
     "spark",
     "plan",
+    "streams",
 ]
 
 

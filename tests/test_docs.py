@@ -161,6 +161,9 @@ BLOCKS_RUN_BY: dict[tuple[str, str], str] = {
         "tests/spark/test_docs.py::"
         "test_the_cluster_configuration_builds_definitions_without_starting_spark"
     ),
+    ("docs/streaming.md", "## An asset that streams"): (
+        "tests/lib/test_streams.py::test_the_streaming_page_example_runs_as_printed"
+    ),
     ("docs/testing.md", "## A first proof"): (
         "tests/test_testing_kit.py::test_the_documented_kit_example_runs_as_printed"
     ),

@@ -20,7 +20,7 @@ import pytest
 import idem_assets as ia
 from tests.conformance.conftest import FULL, Store
 from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, events, per_day
-from tests.helpers import DAILY, range_tags
+from tests.helpers import DAILY, NOW, range_tags, settings
 
 #: Day 2's correction: three amounts changed, two rows dropped, one row added.
 CHANGED, DROPPED = (0, 10, 20), (30, 40)
@@ -245,3 +245,61 @@ def test_a_bad_batch_plans_its_refusal_and_changes_nothing(store: Store) -> None
             run(store, instance, [bad], [ALL_DAYS[1]])
         assert planned["refusal"] == str(refused.value)
         assert store.snapshot() == tables
+
+
+def _plan_then_publish(
+    store: Store, first: pa.Table, batch: pa.Table, write: ia.WriteSettings, day: str
+) -> tuple[ia.PartitionPlan, list[tuple], list[tuple]]:
+    """Publish ``first``, plan ``batch``, publish it: the plan, and the rows before and after."""
+    window = ia.window_from_keys(DAILY, [day], write.asset)
+    with store.open() as backend:
+        ia.publish(backend, first, write, window, now=NOW)
+    before = store.rows(write.table)
+    with store.open() as backend:
+        planned = ia.plan(backend, batch, write, window, now=NOW)
+    assert store.rows(write.table) == before
+    with store.open() as backend:
+        published = ia.publish(backend, batch, write, window, now=NOW)
+        predicts = backend.capabilities.plan_predicts_fingerprints
+    if predicts:
+        assert planned.total.fingerprint_after == published.fingerprint
+    return planned.total, before, store.rows(write.table)
+
+
+@pytest.mark.parametrize(
+    ("stored_twice", "expected"),
+    # Row 0 three times in the batch, row 1 twice, row 2 changed: (inserted, deleted, unchanged).
+    [pytest.param(False, (4, 1, 19), id="batch"), pytest.param(True, (3, 1, 20), id="both")],
+)
+def test_rows_that_repeat_are_counted_copy_by_copy(
+    store: Store, stored_twice: bool, expected: tuple[int, int, int]
+) -> None:
+    """An overwrite whose rows repeat, in the batch or on both sides: each copy is counted."""
+    day = ALL_DAYS[1]
+    rows = events(day, rows=20)
+    first = pa.concat_tables([rows, rows.slice(0, 1)] if stored_twice else [rows])
+    amounts = rows.column("amount").to_pylist()
+    amounts[2] += 0.5
+    changed = rows.set_column(2, "amount", pa.array(amounts))
+    batch = pa.concat_tables([changed, rows.slice(0, 1), rows.slice(0, 1), rows.slice(1, 1)])
+    write = settings("overwrite", EVENTS, table="repeats")
+    planned, before, after = _plan_then_publish(store, first, batch, write, day)
+    kept = sum((Counter(before) & Counter(after)).values())
+    found = (planned.inserted, planned.deleted, planned.unchanged)
+    assert found == (len(after) - kept, len(before) - kept, kept) == expected
+
+
+def test_a_column_the_batch_adds_is_null_in_the_rows_an_upsert_keeps(store: Store) -> None:
+    """An upsert adding a column: the rows it keeps gain a NULL there, as the plan foresaw."""
+    day = ALL_DAYS[1]
+    rows = events(day, rows=20)
+    newer = rows.slice(0, 5).append_column("note", pa.array(["fixed"] * 5))
+    write = settings(
+        "merge",
+        {**EVENTS, "delete_missing": False, "schema_evolution": "add_columns"},
+        table="widened",
+    )
+    planned, before, after = _plan_then_publish(store, rows, newer, write, day)
+    found = (planned.inserted, planned.updated, planned.deleted, planned.unchanged)
+    assert found == (0, 5, 0, 15)
+    assert (planned.rows_before, planned.rows_after) == (len(before), len(after)) == (20, 20)

@@ -16,7 +16,7 @@ import pytest
 import idem_assets as ia
 from idem_assets.worked_example import DAYS, day_batch
 from tests.conformance.conftest import Store
-from tests.helpers import DAILY, NOW, range_tags, settings, window
+from tests.helpers import DAILY, NOW, range_tags, settings, step_failure, window
 
 EVENTS: dict[str, Any] = {"partition_expr": "event_at", "primary_key": ["event_id"]}
 ALL_DAYS = [d.isoformat() for d in DAYS]
@@ -57,7 +57,8 @@ def asset(
 ) -> dg.AssetsDefinition:
     """An asset whose batch is whatever ``source`` returns for the run."""
 
-    def compute(context: dg.AssetExecutionContext) -> pa.Table:
+    # Not annotated pa.Table: a source may return a stream (tests/conformance/test_streams.py).
+    def compute(context: dg.AssetExecutionContext) -> Any:
         return source(context)
 
     return dg.asset(
@@ -278,7 +279,7 @@ def test_every_refusal_leaves_the_store_byte_identical(store: Store, case: str) 
         store, [asset(source, io_manager=io_manager)], ALL_DAYS[1], raise_on_error=False
     )
     assert not result.success
-    failure = _failure(result)
+    failure = step_failure(result)
     assert error in failure
     assert "Nothing was changed. Fix:" in failure
     assert store.snapshot() == before
@@ -295,18 +296,10 @@ def test_a_range_missing_a_day_is_refused_and_changes_nothing(store: Store) -> N
         raise_on_error=False,
     )
     assert not result.success
-    failure = _failure(result)
+    failure = step_failure(result)
     assert "EmptyBatchError" in failure
     assert f"no rows for partition(s) ['{ALL_DAYS[1]}']" in failure
     assert store.snapshot() == before
-
-
-def _failure(result: dg.ExecuteInProcessResult) -> str:
-    failed = [e for e in result.all_events if e.is_step_failure]
-    assert failed, "the run failed without a step failure"
-    data = failed[0].step_failure_data
-    assert data is not None and data.error is not None
-    return data.error.to_string()
 
 
 EVOLVING: dict[str, Any] = {**EVENTS, "schema_evolution": "add_columns"}

@@ -16,9 +16,9 @@ from idem_assets.lib.backends.iceberg.backend import IcebergBackend
 from idem_assets.lib.backends.iceberg.catalog import IcebergLocation
 from idem_assets.lib.backends.iceberg.commit import OWNER_PROPERTY
 from idem_assets.testing import assert_rerun_safe
-from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, REFUSALS, _failure, events
+from tests.conformance.test_replace_contract import ALL_DAYS, EVENTS, REFUSALS, events
 from tests.conformance.test_replace_contract import asset as contract_asset
-from tests.helpers import NOW, range_tags, settings, window
+from tests.helpers import NOW, range_tags, settings, step_failure, window
 from tests.iceberg.conftest import expected, files_on_disk, fill, publish, stored
 from tests.iceberg.rest_server import RestCatalogServer
 from tests.test_testing_kit import RANGE, latest_orders, orders
@@ -165,7 +165,7 @@ def test_a_refusal_writes_no_file_and_no_snapshot(location: IcebergLocation, cas
         raise_on_error=False,
     )
     assert not result.success
-    assert error in _failure(result)
+    assert error in step_failure(result)
     assert files_on_disk(location) == before
     assert len(table_of(location).snapshots()) == snapshots
 

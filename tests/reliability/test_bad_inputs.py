@@ -843,7 +843,7 @@ CASES: dict[str, Case] = {
     "injection-in-metadata": Case(
         injected_metadata,
         ia.InvalidIdentifierError,
-        ("metadata 'partition_expr' (a column name, not an expression)",),
+        ("metadata 'partition_expr' 'pickup_at) OR (1=1' is not a plain identifier",),
         (IDENT,),
     ),
     "injection-in-partition-key": Case(

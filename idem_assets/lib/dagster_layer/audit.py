@@ -11,17 +11,18 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
 import dagster as dg
-import duckdb
 import pyarrow as pa
 
 from idem_assets.lib.dagster_layer.check_reports import (
     day_evaluations,
     judged_cells,
+    judging,
     markdown,
     run_materializations,
     split_by_partition,
@@ -39,6 +40,7 @@ from idem_assets.lib.dagster_layer.checks import (
 )
 from idem_assets.lib.dagster_layer.frames import to_arrow
 from idem_assets.lib.dagster_layer.plan import PLAN_TAG, REFUSAL_KEY, plan_run
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import (
@@ -55,6 +57,15 @@ from idem_assets.lib.model.windows import (
     window_from_keys,
 )
 from idem_assets.lib.sql import statements as batch_sql
+from idem_assets.lib.write.evaluator import embedded_database
+from idem_assets.lib.write.streams import (
+    DEFAULT_MEMORY,
+    SpillArea,
+    Spilled,
+    as_stream,
+    memory_limited,
+    spill,
+)
 
 # The audit's own relations and columns sit next to the user's columns in one query. Each name
 # holds a space, which validate_identifier refuses, so no user table or column can take it.
@@ -80,7 +91,7 @@ class Batch:
 class AuditReport:
     """Verdicts for every check, plus the staged table they were computed on."""
 
-    table: pa.Table
+    table: "pa.Table | Spilled"
     verdicts: list[Verdict]
 
     @property
@@ -94,24 +105,35 @@ def stage(
     asset: str,
     primary_key: Sequence[str] = (),
     dedupe_order_by: Sequence[str] = (),
-) -> pa.Table:
-    """Freeze the batch as Arrow, keeping the latest row per key when ``dedupe_order_by`` is set."""
+    memory: str = DEFAULT_MEMORY,
+) -> "pa.Table | Spilled":
+    """Freeze the batch, keeping the latest row per key when ``dedupe_order_by`` is set.
+
+    As Arrow; a stream (a reader, ``ia.batches``, a LazyFrame, a DuckDB relation) is read once
+    into the embedded DuckDB instead, which spills it to disk (:mod:`~idem_assets.lib.write.
+    streams`), and the IO manager publishes that same copy.
+    """
+    stream = as_stream(data, asset)
+    if stream is not None:
+        staged = spill(stream, SpillArea(embedded_database(), temporary=False), memory)
+        if not (primary_key and dedupe_order_by):
+            return staged
+        query, _ = batch_sql.dedupe(
+            staged.name, primary_key, dedupe_order_by, list(staged.schema.names)
+        )
+        return staged.derived(query)
     table = to_arrow(data, asset)
     if not (primary_key and dedupe_order_by):
         return table
-    con = duckdb.connect()
-    try:
-        con.register(_STAGED_NAME, table)
+    with judging(table, _STAGED_NAME) as con:
         query, params = batch_sql.dedupe(
             _STAGED_NAME, primary_key, dedupe_order_by, table.column_names
         )
         return con.sql(query, params=params or None).to_arrow_table()
-    finally:
-        con.close()
 
 
 def audit_table(
-    table: pa.Table,
+    table: "pa.Table | Spilled",
     checks: Sequence[Check],
     partition_expr: object,
     window: WriteWindow | None,
@@ -131,13 +153,13 @@ def audit_table(
     timed = window is not None and bool(pairs) and window.timed
     if not timed and any(isinstance(c, Freshness) for c in checks):
         raise ConfigurationError(_freshness_needs_time(window))
-    con = duckdb.connect()
-    try:
+    judged, cells = (table, [])
+    if window is not None and pairs:
+        judged, cells = judged_cells(table, partition_expr, window)
+    with judging(judged, _STAGED_NAME) as con:
         aggs = ", ".join(aggregate_sql(checks))
         params: list[Any] = []
         if window is not None and pairs:
-            judged, cells = judged_cells(table, partition_expr, window)
-            con.register(_STAGED_NAME, judged)
             # Each row is named by the partition whose box holds it; cells never overlap.
             keyed, params = batch_sql.rows_by_partition(_STAGED_NAME, cells, _KEY_NAME, _OUTSIDE)
             query = (
@@ -146,7 +168,6 @@ def audit_table(
             )
             windows = list(window.partitions)
         else:
-            con.register(_STAGED_NAME, table)
             query = f"SELECT 'all', 1, {aggs} FROM {_STAGED}"
             windows = [PartitionWindow("all", *_unbounded())]
         grouped: dict[str, tuple[Any, ...]] = {}
@@ -186,8 +207,6 @@ def audit_table(
                 )
             verdicts.append(verdict)
         return AuditReport(table, verdicts)
-    finally:
-        con.close()
 
 
 def _freshness_needs_time(window: WriteWindow | None) -> str:
@@ -278,7 +297,38 @@ def run_audit(
     order = _raw(metadata.get(DEDUPE_ORDER_BY)) or ()
     key = (key,) if isinstance(key, str) else tuple(key)
     order = (order,) if isinstance(order, str) else tuple(order)
-    table = stage(batch.data, asset, key, order)
+    # Read once: a stream is staged in the embedded DuckDB, under the IO manager's limit.
+    data = batch.data
+    stream = None if isinstance(data, pa.Table) else as_stream(data, asset)
+    memory = _staging_memory(context)
+    limited = memory_limited(embedded_database(), memory) if stream else nullcontext()
+    with limited:
+        table = stage(stream or data, asset, key, order, memory)
+        try:
+            yield from _audited(context, table, batch, checks, metadata, asset)
+        finally:
+            if isinstance(table, Spilled):
+                # Published by now (the IO manager read it while the Output was handled).
+                table.drop()
+
+
+def _staging_memory(context: dg.AssetExecutionContext) -> str:
+    """The staging memory of the IO manager that will publish this asset (the default else)."""
+    key = context.assets_def.get_io_manager_key_for_asset_key(context.asset_key)
+    io_manager = context.resources.original_resource_dict.get(key)
+    return getattr(io_manager, "staging_memory", None) or DEFAULT_MEMORY
+
+
+def _audited(
+    context: dg.AssetExecutionContext,
+    table: "pa.Table | Spilled",
+    batch: Batch,
+    checks: Sequence[Check],
+    metadata: Mapping[str, Any],
+    asset: str,
+) -> Iterator[dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output]:
+    """Audit the staged ``table``; publish it and report every verdict, or raise on a blocker."""
+    asset_key = context.asset_key
     partition_expr = _raw(metadata.get(PARTITION_EXPR))
     partition_expr = dict(partition_expr) if isinstance(partition_expr, Mapping) else partition_expr
     window = None
@@ -415,6 +465,15 @@ def audited_asset(
         partitions_def = asset_kwargs.get("partitions_def")
         asset = asset_key.to_user_string()
         pairs, time_column = partition_columns(metadata.get(PARTITION_EXPR), partitions_def, asset)
+        computed = [c for _, c in pairs if expressions.is_expression(c)]
+        if computed:
+            raise ConfigurationError(
+                f"@audited_asset {asset}: metadata '{PARTITION_EXPR}' is the SQL expression"
+                f" {computed[0]}, but the audit splits the batch into its partitions by a column"
+                " of the batch, in Arrow, before anything is written. Nothing was changed. Fix: "
+                + expressions.compute_instead(computed[0])
+                + "."
+            )
         all_checks = list(checks)
         if partitions_def is not None and pairs:
             all_checks.append(in_window(*(c for _, c in pairs)))

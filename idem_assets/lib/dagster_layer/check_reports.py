@@ -8,7 +8,8 @@ across two days) cannot be blamed on one partition, so they fail every partition
 say so.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,8 @@ from idem_assets.lib.model.errors import SchemaMismatchError
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.windows import ONLY, Box, Cell, WriteWindow, as_pairs, cells_for
 from idem_assets.lib.sql import statements as batch_sql
+from idem_assets.lib.write.evaluator import embedded_database
+from idem_assets.lib.write.streams import Spilled
 
 _STAGED, _DAY = "staged", "idem day"
 _SAMPLE_ROWS = 5
@@ -82,9 +85,28 @@ def _detail(verdict: Verdict, key: str, own: int, unplaced: int, unit: str) -> s
     return text
 
 
+@contextmanager
+def judging(batch: "pa.Table | Spilled", name: str) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection where ``name`` is the staged batch, closed after.
+
+    An Arrow batch is registered in a connection of its own; a streamed batch, staged in the
+    embedded DuckDB, is read there through a view, never loaded whole.
+    """
+    if isinstance(batch, Spilled):
+        con = embedded_database().cursor()
+        con.execute(f"CREATE TEMP VIEW {quote(name)} AS SELECT * FROM {batch.relation}").fetchall()
+    else:
+        con = duckdb.connect()
+        con.register(name, batch)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
 def judged_cells(
-    table: pa.Table, partition_expr: object, window: WriteWindow
-) -> tuple[pa.Table, list[Cell]]:
+    table: "pa.Table | Spilled", partition_expr: object, window: WriteWindow
+) -> "tuple[pa.Table | Spilled, list[Cell]]":
     """The table as the audit judges it, and each partition of ``window`` with its rows' box.
 
     ``partition_expr`` is the metadata's form (a column, or a column per dimension). A partition
@@ -92,7 +114,7 @@ def judged_cells(
     type its key names, so an empty partition is judged as empty.
     """
     pairs = as_pairs(partition_expr)
-    missing = [c for _, c in pairs if c not in table.column_names]
+    missing = [c for _, c in pairs if c not in table.schema.names]
     if missing:
         raise SchemaMismatchError(
             f"Refused to publish: the batch has no column(s) {missing}, which the asset's"
@@ -101,17 +123,25 @@ def judged_cells(
             " the batch's columns in metadata={'partition_expr': ...}."
         )
     time_column = dict(pairs).get(str(window.time_dimension)) if window.timed else None
-    for _, column in pairs:
-        if pa.types.is_null(table.schema.field(column).type):
-            typed = pa.timestamp("us") if column == time_column else pa.string()
-            index = table.column_names.index(column)
-            table = table.set_column(index, column, table.column(column).cast(typed))
+    if isinstance(table, pa.Table):
+        # A streamed batch's staged copy needs none: DuckDB gave every column a type.
+        table = _typed(table, [c for _, c in pairs], time_column)
     types = {c: table.schema.field(c).type for _, c in pairs}
     return table, cells_for(window, pairs, types, always=True)
 
 
+def _typed(table: pa.Table, columns: Sequence[str], time_column: str | None) -> pa.Table:
+    """Partition columns of no type (an empty frame's) typed as their keys name them."""
+    for column in columns:
+        if pa.types.is_null(table.schema.field(column).type):
+            typed = pa.timestamp("us") if column == time_column else pa.string()
+            index = table.column_names.index(column)
+            table = table.set_column(index, column, table.column(column).cast(typed))
+    return table
+
+
 def split_by_partition(
-    report_table: pa.Table,
+    report_table: "pa.Table | Spilled",
     verdicts: Sequence[Verdict],
     partition_expr: object,
     window: WriteWindow,
@@ -120,9 +150,7 @@ def split_by_partition(
     table, cells = judged_cells(report_table, partition_expr, window)
     boxes = dict(cells)
     unit = unit_of(window)
-    con = duckdb.connect()
-    try:
-        con.register(_STAGED, table)
+    with judging(table, _STAGED) as con:
         days = []
         for verdict in verdicts:
             for w in window.partitions:
@@ -143,8 +171,6 @@ def split_by_partition(
                     )
                 )
         return days
-    finally:
-        con.close()
 
 
 def _day_sample(

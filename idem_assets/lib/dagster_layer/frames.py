@@ -6,6 +6,7 @@ from typing import Any
 import pyarrow as pa
 
 from idem_assets.lib.model.errors import SchemaMismatchError
+from idem_assets.lib.write.streams import spill_root
 
 
 def to_arrow(obj: object, asset: str) -> pa.Table:
@@ -61,16 +62,57 @@ def _polars_to_arrow(obj: Any) -> pa.Table | None:
     return frame.to_arrow() if isinstance(frame, pl.DataFrame) else None
 
 
-def reads_arrow(frame_type: object) -> bool:
-    """True when an input asks for Arrow or a Polars frame, which load from Arrow without pandas."""
+def streams(frame_type: object) -> bool:
+    """True when an input asks for a stream: a reader, a LazyFrame or a DuckDB relation.
+
+    Such an input gets the window through a Parquet file it reads lazily, so a window bigger
+    than memory can be loaded.
+    """
+    import duckdb
+
     pl: Any = sys.modules.get("polars")
-    return frame_type is pa.Table or (pl is not None and frame_type in (pl.DataFrame, pl.LazyFrame))
+    lazy = pl is not None and frame_type is pl.LazyFrame
+    return lazy or frame_type in (pa.RecordBatchReader, duckdb.DuckDBPyRelation)
+
+
+def from_parquet(path: str, frame_type: object, memory: str) -> Any:
+    """The window's Parquet file as the streamed input asks for it, read as it is consumed."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    if frame_type is duckdb.DuckDBPyRelation:
+        # A database of the input's own, under the staging memory, spilling past it into the
+        # staging folder (an in-memory database's default is '.tmp' in the working directory).
+        folder = str(spill_root() / "duckdb-inputs")
+        conn = duckdb.connect(config={"memory_limit": memory, "temp_directory": folder})
+        return conn.read_parquet(path)
+    if frame_type is pa.RecordBatchReader:
+        found = pq.ParquetFile(path)
+        return pa.RecordBatchReader.from_batches(found.schema_arrow, found.iter_batches())
+    pl: Any = sys.modules["polars"]
+    return pl.scan_parquet(path)
+
+
+def reads_arrow(frame_type: object) -> bool:
+    """True when an input asks for Arrow, a Polars frame or a stream: loaded without pandas."""
+    pl: Any = sys.modules.get("polars")
+    polars = pl is not None and frame_type in (pl.DataFrame, pl.LazyFrame)
+    return frame_type is pa.Table or polars or streams(frame_type)
 
 
 def from_arrow(table: pa.Table, frame_type: object) -> Any:
-    """``table`` as the frame an input asks for: Arrow as is, Polars (eager or lazy) from it."""
+    """``table`` as the frame an input asks for: Arrow as is, Polars (eager or lazy) from it.
+
+    An input that streams gets a reader of the table, or a DuckDB relation over it.
+    """
+    import duckdb
+
     pl: Any = sys.modules.get("polars")
     if pl is not None and frame_type in (pl.DataFrame, pl.LazyFrame):
         frame = pl.from_arrow(table)
         return frame.lazy() if frame_type is pl.LazyFrame else frame
+    if frame_type is pa.RecordBatchReader:
+        return table.to_reader()
+    if frame_type is duckdb.DuckDBPyRelation:
+        return duckdb.connect().from_arrow(table)
     return table

@@ -6,7 +6,8 @@ managers only say how to open its backend (and, for the rerun-safety kit, how to
 """
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -15,7 +16,13 @@ import pyarrow as pa
 from pydantic import Field
 
 from idem_assets.lib.dagster_layer.data_versions import record_data_version
-from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow, to_arrow
+from idem_assets.lib.dagster_layer.frames import (
+    from_arrow,
+    from_parquet,
+    reads_arrow,
+    streams,
+    to_arrow,
+)
 from idem_assets.lib.dagster_layer.op_outputs import op_settings, op_window
 from idem_assets.lib.dagster_layer.plan import (
     plan_output,
@@ -36,8 +43,17 @@ from idem_assets.lib.model.windows import (
     window_from_context,
     window_from_keys,
 )
-from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish
-from idem_assets.lib.write.seam import Backend, EngineBatch, TableRef, probe_of
+from idem_assets.lib.write.guards import refuse_unsupported_expressions
+from idem_assets.lib.write.publish import PartitionResult, PublishResult, publish, spill_area
+from idem_assets.lib.write.seam import Backend, Capabilities, EngineBatch, TableRef, probe_of
+from idem_assets.lib.write.streams import (
+    DEFAULT_MEMORY,
+    Spilled,
+    Stream,
+    as_stream,
+    memory_limited,
+    to_parquet,
+)
 
 #: The input metadata key that selects the columns an input loads (dagster-duckdb's).
 COLUMNS = "columns"
@@ -49,6 +65,10 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     mode: ClassVar[WriteMode]
     #: The ``dagster/storage_kind`` of the tables (the UI's storage tag), as Dagster spells it.
     storage_kind: ClassVar[str] = ""
+    #: The engine's capabilities, where its IO managers declare them before a backend opens:
+    #: a ``partition_expr`` expression is then parsed in its dialect, or refused at once.
+    #: ``None``: parsed in DuckDB's, and judged by the backend's own when a publish or load runs.
+    capabilities: ClassVar[Capabilities | None] = None
 
     schema_: str | None = Field(
         default=None,
@@ -60,6 +80,16 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         ),
     )
 
+    staging_memory: str = Field(
+        default=DEFAULT_MEMORY,
+        description=(
+            "The most memory DuckDB takes while it stages and judges a streamed batch (an asset"
+            " returning a pyarrow RecordBatchReader, an iterator of batches, a Polars LazyFrame"
+            " or a DuckDB relation); past it, rows spill to a temporary folder, so a day bigger"
+            " than the worker's memory publishes. A DuckDB size: '256MB', '1GB'."
+        ),
+    )
+
     def _backend(self) -> AbstractContextManager[Backend]:
         """Open the engine's backend for one write or load, and close it after."""
         raise NotImplementedError
@@ -68,9 +98,14 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
 
-    def _batch(self, obj: object, settings: WriteSettings) -> pa.Table | EngineBatch:
-        """What the asset returned as the publish takes it: Arrow, or a frame of the engine's."""
-        return to_arrow(obj, settings.asset)
+    def _batch(
+        self, obj: object, settings: WriteSettings
+    ) -> pa.Table | EngineBatch | Stream | Spilled:
+        """What the asset returned as the publish takes it: Arrow, a stream, an engine's frame."""
+        if isinstance(obj, Spilled):
+            # Staged already, by an audited asset's checks: published from that copy.
+            return obj
+        return as_stream(obj, settings.asset) or to_arrow(obj, settings.asset)
 
     def _table_name(self, settings: WriteSettings) -> str:
         """``dagster/table_name``: the table, qualified as Dagster's IO manager for it does."""
@@ -97,7 +132,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
     def _settings(self, context: dg.OutputContext | dg.InputContext) -> WriteSettings:
         out = context if isinstance(context, dg.OutputContext) else context.upstream_output
         if not context.has_asset_key and out is not None:
-            return op_settings(context, out, self.mode, self.schema_)
+            return op_settings(context, out, self.mode, self.schema_, **self._dialect())
         metadata = out.definition_metadata if out is not None else {}
         return resolve_settings(
             asset_key=context.asset_key,
@@ -105,7 +140,15 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             mode=self.mode,
             default_schema=self.schema_,
             partitions_def=context.asset_partitions_def if context.has_asset_partitions else None,
+            **self._dialect(),
         )
+
+    def _dialect(self) -> dict[str, Any]:
+        """Where ``partition_expr`` expressions are parsed: the engine's dialect, and its name."""
+        caps = self.capabilities
+        if caps is None:
+            return {}
+        return {"dialect": caps.expression_dialect, "engine": caps.engine}
 
     def _window(
         self, context: dg.OutputContext | dg.InputContext, settings: WriteSettings
@@ -122,10 +165,17 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         batch = self._batch(obj, settings)
         if plan_run(context):
             # A plan run stages and judges the batch like a publish, and writes nothing.
-            plan_output(context, self._backend, batch, settings, window)
+            plan_output(context, self._backend, batch, settings, window, self.staging_memory)
             return
         with self._backend() as backend:
-            result = publish(backend, batch, settings, window)
+            result = publish(
+                backend,
+                batch,
+                settings,
+                window,
+                memory=self.staging_memory,
+                progress=context.log.info,
+            )
         context.add_output_metadata(
             {
                 **publish_metadata(result, settings, window),
@@ -165,8 +215,19 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             # A plan run's input holds what its upstream's plan would have published.
             return planned_input(context, self._backend, settings, window, planned)
         columns = input_columns(context, settings.asset)
+        streamed = streams(frame_type)
         with self._backend() as backend:
-            loaded = backend.load(settings, window, maps_to_nothing, want_arrow, columns)
+            refuse_unsupported_expressions(settings, backend.capabilities)
+            # A streamed load sorts and reads the window in DuckDB under the staging limit.
+            limit = self.staging_memory
+            area = spill_area(backend).conn if streamed else None
+            with memory_limited(area, limit) if area is not None else nullcontext():
+                loaded = backend.load(
+                    settings, window, maps_to_nothing, want_arrow, columns, stream=streamed
+                )
+                if isinstance(loaded, pa.RecordBatchReader):
+                    # Drained into a file before anything else reads through the backend.
+                    loaded = _drained(loaded)
             if loaded is None:
                 # No table yet is an empty history for an asset that reads its own earlier
                 # partitions (its first run); for any other input it means a missing upstream.
@@ -177,7 +238,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                     f" {self._location()} yet. Materialize it first (for the partition(s) this"
                     " run reads), then rerun."
                 )
-            names = loaded.column_names if isinstance(loaded, pa.Table) else list(loaded.columns)
+            names = _names(loaded)
             refuse_missing_columns(context, settings, columns, names)
             # The instance records no materialization of an op's output: only assets are checked.
             if (
@@ -189,6 +250,8 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
                 missing = _never_materialized(context, backend, settings, window)
                 if missing:
                     raise MissingUpstreamError(_missing_message(context, settings.asset, missing))
+        if isinstance(loaded, _Loaded):
+            return from_parquet(loaded.path, frame_type, self.staging_memory)
         return from_arrow(loaded, frame_type) if want_arrow else loaded
 
     def read_asset(
@@ -207,16 +270,39 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
             mode=self.mode,
             default_schema=self.schema_,
             partitions_def=partitions_def,
+            **self._dialect(),
         )
         window = None
         if keys and partitions_def is not None:
             window = window_from_keys(partitions_def, keys, settings.asset)
         with self._backend() as backend:
+            refuse_unsupported_expressions(settings, backend.capabilities)
             table = backend.load(settings, window, keys is not None and not keys, True)
         if table is None:
             return pa.table({})
         assert isinstance(table, pa.Table)
         return table
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """A streamed input's window, drained into a Parquet file."""
+
+    path: str
+    schema: pa.Schema
+
+
+def _drained(reader: pa.RecordBatchReader) -> _Loaded:
+    """A streamed load's reader written to a Parquet file a batch at a time."""
+    return _Loaded(to_parquet(reader), reader.schema)
+
+
+def _names(loaded: "pa.Table | _Loaded | Any") -> list[str]:
+    if isinstance(loaded, pa.Table):
+        return list(loaded.schema.names)
+    if isinstance(loaded, _Loaded):
+        return list(loaded.schema.names)
+    return list(loaded.columns)
 
 
 def input_columns(context: dg.InputContext, upstream: str) -> list[str] | None:
@@ -379,6 +465,8 @@ def _no_rows() -> Any:
     return pd.DataFrame()
 
 
-def _schema(batch: pa.Table | EngineBatch) -> pa.Schema:
+def _schema(batch: pa.Table | EngineBatch | Stream | Spilled) -> pa.Schema:
     """The batch's Arrow schema; an engine's frame reports it through its probe."""
+    if isinstance(batch, Stream | Spilled):
+        return batch.schema
     return probe_of(batch).schema

@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 
 from idem_assets.lib.model.errors import ConfigurationError
+from idem_assets.lib.model.expressions import CANONICAL
 from idem_assets.lib.model.settings import (
     DEFAULT_SCHEMA,
     PARTITION_EXPR,
@@ -38,8 +39,14 @@ def op_settings(
     out: dg.OutputContext,
     mode: WriteMode,
     default_schema: str | None,
+    dialect: str | None = CANONICAL,
+    engine: str = "",
 ) -> WriteSettings:
-    """The settings of the table op output ``out`` is written to (or ``context`` reads)."""
+    """The settings of the table op output ``out`` is written to (or ``context`` reads).
+
+    A ``partition_expr`` expression is parsed in ``dialect`` (``None``: engine ``engine``
+    evaluates none).
+    """
     metadata: Mapping[str, Any] = out.definition_metadata or {}
     name = op_output_name(out)
     table = _raw(metadata.get(TABLE)) or out.name
@@ -60,6 +67,8 @@ def op_settings(
         mode=mode,
         default_schema=default_schema,
         partitions_def=partitions_def,
+        dialect=dialect,
+        engine=engine,
     )
     return replace(settings, asset=name)
 

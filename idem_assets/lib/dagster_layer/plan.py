@@ -20,14 +20,18 @@ from typing import Any
 
 import dagster as dg
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from idem_assets.lib.dagster_layer.frames import from_arrow, reads_arrow
 from idem_assets.lib.model.errors import BlockingCheckError, ConfigurationError
 from idem_assets.lib.model.settings import WriteSettings
-from idem_assets.lib.model.windows import WriteWindow, stored_region
-from idem_assets.lib.sql.predicates import arrow_expression
+from idem_assets.lib.model.windows import Region, WriteWindow, stored_region
+from idem_assets.lib.sql import statements
+from idem_assets.lib.sql.predicates import arrow_expression, has_expression
+from idem_assets.lib.write.evaluator import embedded
 from idem_assets.lib.write.plan import PartitionPlan, PublishPlan, plan
 from idem_assets.lib.write.seam import Backend, EngineBatch
+from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, Stream
 
 #: The run tag that makes a run a plan.
 PLAN_TAG = "idem/plan"
@@ -56,11 +60,15 @@ def plan_run(context: dg.OutputContext | dg.InputContext | dg.AssetExecutionCont
 def plan_output(
     context: dg.OutputContext,
     backend: Callable[[], AbstractContextManager[Backend]],
-    batch: pa.Table | EngineBatch,
+    batch: "pa.Table | EngineBatch | Stream | Spilled",
     settings: WriteSettings,
     window: WriteWindow | None,
+    memory: str = DEFAULT_MEMORY,
 ) -> None:
-    """Plan the batch instead of publishing it, and report the plan; nothing is written."""
+    """Plan the batch instead of publishing it, and report the plan; nothing is written.
+
+    A streamed batch is staged under ``memory``, as its publish would stage it.
+    """
     refuse_recorded_plan(context, settings.asset, window)
     refused = refusal_of(context)
     with backend() as opened:
@@ -71,6 +79,7 @@ def plan_output(
             window,
             refusal=BlockingCheckError(refused) if refused else None,
             keep_rows=True,
+            memory=memory,
         )
     _remember(context.step_context.run_id, context.asset_key, planned, window)
     handle_plan(context, planned, settings, window)
@@ -152,17 +161,46 @@ def _with_planned_rows(
         tuple(p for p in found.window.partitions if p.key in keys), found.window.time_dimension
     )
     types = dict(zip(stored.column_names, stored.schema.types, strict=True))
-    inside = arrow_expression(
-        stored_region(planned, settings.partition_columns, types, settings.table), types
-    )
+    region = stored_region(planned, settings.partition_columns, types, settings.table)
     rows = found.rows.select(stored.column_names).cast(stored.schema)
-    merged = pa.concat_tables([stored.filter(~inside), rows.filter(inside)])
+    merged = pa.concat_tables([_split(stored, region, types)[1], _split(rows, region, types)[0]])
     order = [c for c in settings.partition_names if c in merged.column_names]
     if order:
         merged = merged.sort_by([(c, "ascending") for c in order])
     reader = context.step_context.node_handle
     run["read"].setdefault(str(reader), set()).add(context.asset_key.to_user_string())
     return merged
+
+
+#: The column that says whether a row is in the window, while a region is evaluated in DuckDB.
+_IN_WINDOW = "idem-in-window"
+
+
+def _split(
+    table: pa.Table, region: Region, types: Mapping[str, pa.DataType]
+) -> tuple[pa.Table, pa.Table]:
+    """``table``'s rows inside ``region``, and the others.
+
+    A ``partition_expr`` expression is SQL: it is evaluated in the embedded DuckDB, as the
+    guards evaluate it, where a region of columns is a pyarrow filter.
+    """
+    if not has_expression(region):
+        inside = arrow_expression(region, dict(types))
+        return table.filter(inside), table.filter(~inside)
+    evaluator = embedded()
+    try:
+        name = evaluator.register(table).strip('"')
+        cells = [("in", box) for box in region]
+        flagged = evaluator.arrow(statements.rows_by_partition(name, cells, _IN_WINDOW, "out"))
+    finally:
+        evaluator.release()
+        evaluator.conn.close()
+    inside = pc.field(_IN_WINDOW) == "in"
+    inner, outer = flagged.filter(inside), flagged.filter(~inside)
+    return (
+        inner.drop_columns([_IN_WINDOW]).cast(table.schema),
+        outer.drop_columns([_IN_WINDOW]).cast(table.schema),
+    )
 
 
 def refuse_recorded_plan(context: dg.OutputContext, asset: str, window: WriteWindow | None) -> None:
@@ -227,10 +265,10 @@ def plan_metadata(
     plan: PublishPlan, part: PartitionPlan, upstream: Sequence[str] = ()
 ) -> dict[str, Any]:
     """One partition's plan as observation metadata."""
+    # The UI lists entries in this order, on a partition's page above its materialization's:
+    # the verdict and the counts first, so they show without scrolling.
     md: dict[str, Any] = {
         "plan": _verdict(plan, part),
-        "dagster/table_name": plan.table,
-        "write_mode": plan.mode,
         "rows_inserted": part.inserted,
         "rows_updated": part.updated,
         "rows_deleted": part.deleted,
@@ -245,7 +283,7 @@ def plan_metadata(
         md["refusal"] = dg.MetadataValue.md(plan.refusal)
     if upstream:
         md["planned_against"] = ", ".join(upstream)
-    return md
+    return md | {"write_mode": plan.mode, "dagster/table_name": plan.table}
 
 
 def _verdict(plan: PublishPlan, part: PartitionPlan) -> str:

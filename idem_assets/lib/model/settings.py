@@ -10,11 +10,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import dagster as dg
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import ParseError
 
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.errors import ConfigurationError
+from idem_assets.lib.model.expressions import CANONICAL, Kind
 from idem_assets.lib.model.identifiers import validate_identifier
 
 WriteMode = Literal["overwrite", "merge"]
@@ -56,10 +55,11 @@ class WriteSettings:
     mode: WriteMode
     schema: str
     table: str
-    #: ``(dimension, column)`` for each partition dimension: ``""`` names the one dimension of a
-    #: time-window, static or dynamic definition; a multi definition names its own.
+    #: ``(dimension, term)`` for each partition dimension: ``""`` names the one dimension of a
+    #: time-window, static or dynamic definition; a multi definition names its own. A term is a
+    #: column, or an accepted ``partition_expr`` expression's canonical text.
     partition_columns: tuple[tuple[str, str], ...]
-    #: The time dimension's column (DATE or TIMESTAMP), ``None`` when there is none.
+    #: The time dimension's term (a DATE or TIMESTAMP), ``None`` when there is none.
     time_column: str | None
     primary_key: tuple[str, ...]
     dedupe_order_by: tuple[str, ...]
@@ -72,7 +72,7 @@ class WriteSettings:
 
     @property
     def partition_names(self) -> tuple[str, ...]:
-        """The partition columns, time first."""
+        """The partition terms (columns or expressions), time first."""
         rest = [c for _, c in self.partition_columns if c != self.time_column]
         return tuple(([self.time_column] if self.time_column else []) + rest)
 
@@ -90,10 +90,16 @@ class WriteSettings:
 def spelt_partitions(settings: WriteSettings, stored: Mapping[str, str]) -> WriteSettings:
     """``settings`` with each partition column spelt as stored (``stored``: lower-case → name)."""
     time = settings.time_column
+
+    def spelt(name: str) -> str:
+        return stored[name.lower()]
+
     return replace(
         settings,
-        partition_columns=tuple((d, stored[c.lower()]) for d, c in settings.partition_columns),
-        time_column=stored[time.lower()] if time else None,
+        partition_columns=tuple(
+            (d, expressions.respelt(c, spelt)) for d, c in settings.partition_columns
+        ),
+        time_column=expressions.respelt(time, spelt) if time else None,
     )
 
 
@@ -145,8 +151,18 @@ def schema_evolution(value: Any, asset: str) -> SchemaEvolution:
     return value
 
 
-def partition_column(value: Any, asset: str) -> str | None:
-    """A one-dimensional ``partition_expr`` as a validated column name (``None`` when absent)."""
+def partition_column(
+    value: Any,
+    asset: str,
+    kind: Kind = "time",
+    dialect: str | None = CANONICAL,
+    engine: str = "",
+) -> str | None:
+    """A one-dimensional ``partition_expr`` as a term (``None`` when absent).
+
+    A term is a validated column name, or an accepted SQL expression's canonical text
+    (:mod:`idem_assets.lib.model.expressions`), parsed in ``dialect``.
+    """
     value = _raw(value)
     if value is None:
         return None
@@ -159,68 +175,38 @@ def partition_column(value: Any, asset: str) -> str | None:
             f" {example!r}}}; or, to scope writes by every key of the dict, partition the asset"
             " with a dg.MultiPartitionsDefinition with those dimensions."
         )
-    return _column(value, asset, f"metadata '{PARTITION_EXPR}'")
+    return _term(value, asset, f"metadata '{PARTITION_EXPR}'", kind, dialect, engine)
 
 
-def _column(value: Any, asset: str, what: str) -> str:
+def _term(value: Any, asset: str, what: str, kind: Kind, dialect: str | None, engine: str) -> str:
     if isinstance(value, str):
-        refuse_expression(value, asset, what)
-    return validate_identifier(value, f"Asset '{asset}': {what} (a column name, not an expression)")
-
-
-def refuse_expression(value: str, asset: str, what: str) -> None:
-    """Refuse a SQL expression as a partition column, printing the column that replaces it.
-
-    The guards judge each row's partition, and the write deletes the window's rows, on the same
-    stored column; an expression would be evaluated by two engines (the guards' and the
-    table's), which need not agree on every value. The migration computes the column once, in
-    the asset, so the stored value is what both read.
-    """
-    try:
-        tree = sqlglot.parse_one(value, dialect="duckdb")
-    except ParseError:
-        return
-    used = sorted({c.name for c in tree.find_all(exp.Column)})
-    if isinstance(tree, exp.Column) or not used:
-        return
-    source = used[0]
-    if isinstance(tree, exp.Cast) and tree.to.is_type(exp.DataType.Type.DATE):
-        new, code = f"{source}_date", f"pd.to_datetime(df[{source!r}]).dt.date"
-    elif isinstance(tree, exp.StrToTime | exp.StrToDate) and tree.args.get("format") is not None:
-        fmt = tree.args["format"].name
-        new, code = f"{source}_at", f"pd.to_datetime(df[{source!r}], format={fmt!r})"
-    elif isinstance(tree, exp.UnixToTime):
-        new = f"{source}_at"
-        code = f"pd.to_datetime(df[{source!r}].astype('int64'), unit='s', utc=True)"
-    else:
-        new, code = f"{source}_at", f"pd.to_datetime(df[{source!r}])"
-    raise ConfigurationError(
-        f"Asset '{asset}': {what} is the SQL expression {value!r}, over column(s) {used}. The"
-        " guards and the window's delete must place every row in the same partition, so both"
-        " read a stored column, never an expression two engines evaluate. Nothing was changed."
-        f" Fix: compute the column in the asset, df[{new!r}] = {code} (pandas; a text date"
-        f" column stays refused as it is), and name it: metadata={{'{PARTITION_EXPR}':"
-        f" {new!r}}} (for a dg.MultiPartitionsDefinition, that dimension's entry)."
-    )
+        return expressions.resolve(value, asset, what, dialect, kind, engine)
+    return validate_identifier(value, f"Asset '{asset}': {what} (a column name or an expression)")
 
 
 def partition_columns(
-    value: Any, partitions_def: dg.PartitionsDefinition | None, asset: str
+    value: Any,
+    partitions_def: dg.PartitionsDefinition | None,
+    asset: str,
+    dialect: str | None = CANONICAL,
+    engine: str = "",
 ) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """The ``partition_expr`` metadata as ``(dimension, column)`` pairs and the time column.
+    """The ``partition_expr`` metadata as ``(dimension, term)`` pairs and the time term.
 
-    One dimension (time-window, static or dynamic partitions, or none) takes a column name; a
-    ``dg.MultiPartitionsDefinition`` takes a dict naming the column of each of its dimensions,
-    as dagster-duckdb spells it.
+    One dimension (time-window, static or dynamic partitions, or none) takes a column name or
+    an expression; a ``dg.MultiPartitionsDefinition`` takes a dict naming the column (or the
+    expression) of each of its dimensions, as dagster-duckdb spells it. Expressions are parsed
+    in ``dialect``; ``None`` refuses them, naming ``engine``.
     """
     value = _raw(value)
     if not isinstance(partitions_def, dg.MultiPartitionsDefinition):
-        column = partition_column(value, asset)
-        if column is None:
-            return (), None
         timed = partitions_def is None or isinstance(
             partitions_def, dg.TimeWindowPartitionsDefinition
         )
+        kind: Kind = "time" if timed else "category"
+        column = partition_column(value, asset, kind, dialect, engine)
+        if column is None:
+            return (), None
         return (("", column),), column if timed else None
     dims = [d.name for d in partitions_def.partitions_defs]
     example = {d: f"<{d} column>" for d in dims}
@@ -232,8 +218,24 @@ def partition_columns(
             " write could not be scoped to its partitions. Nothing was changed. Fix:"
             f" metadata={{'{PARTITION_EXPR}': {example!r}}}."
         )
+    timed = {
+        d.name
+        for d in partitions_def.partitions_defs
+        if isinstance(d.partitions_def, dg.TimeWindowPartitionsDefinition)
+    }
     pairs = tuple(
-        (d, _column(value[d], asset, f"metadata '{PARTITION_EXPR}'[{d!r}]")) for d in dims
+        (
+            d,
+            _term(
+                value[d],
+                asset,
+                f"metadata '{PARTITION_EXPR}'[{d!r}]",
+                "time" if d in timed else "category",
+                dialect,
+                engine,
+            ),
+        )
+        for d in dims
     )
     if len({c.lower() for _, c in pairs}) < len(pairs):
         raise ConfigurationError(
@@ -241,11 +243,6 @@ def partition_columns(
             f" ({dict(pairs)!r}); each dimension needs a column of its own. Fix:"
             f" metadata={{'{PARTITION_EXPR}': {example!r}}}."
         )
-    timed = {
-        d.name
-        for d in partitions_def.partitions_defs
-        if isinstance(d.partitions_def, dg.TimeWindowPartitionsDefinition)
-    }
     time_column = next((c for d, c in pairs if d in timed), None)
     return pairs, time_column
 
@@ -258,8 +255,13 @@ def resolve_settings(
     default_schema: str | None,
     partitioned: bool = False,
     partitions_def: dg.PartitionsDefinition | None = None,
+    dialect: str | None = CANONICAL,
+    engine: str = "",
 ) -> WriteSettings:
     """Validate an asset's metadata for ``mode`` and return its settings.
+
+    A ``partition_expr`` expression is parsed in ``dialect``, the engine's (DuckDB's by
+    default, as dagster-duckdb takes them); ``None``: engine ``engine`` evaluates none.
 
     The table is the key's last part. Its schema, as dagster-duckdb resolves it: the asset's
     ``schema`` metadata, else the IO manager's ``default_schema``, else the key's prefix (its
@@ -276,7 +278,9 @@ def resolve_settings(
         f"Asset '{asset}': schema",
     )
 
-    columns, time_column = partition_columns(md.get(PARTITION_EXPR), partitions_def, asset)
+    columns, time_column = partition_columns(
+        md.get(PARTITION_EXPR), partitions_def, asset, dialect, engine
+    )
     if (partitioned or partitions_def is not None) and not columns:
         raise ConfigurationError(
             f"Asset '{asset}' is partitioned but has no '{PARTITION_EXPR}' metadata, so a write"

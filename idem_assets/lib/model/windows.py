@@ -11,6 +11,7 @@ from datetime import date, datetime, time
 import dagster as dg
 import pyarrow as pa
 
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.errors import ConfigurationError, SchemaMismatchError
 
 #: A window boundary as a column compares it: a date for a date column, else a datetime.
@@ -304,7 +305,7 @@ def region_of(
     if window is None or not pairs:
         return ()
     try:
-        types = {c: type_of(c) for _, c in pairs}
+        types = {c: _term_type(c, type_of) for _, c in pairs}
     except KeyError as exc:
         raise SchemaMismatchError(
             f"Refused: table {table} has no partition column {exc}, which the asset's"
@@ -323,8 +324,21 @@ def stored_region(
 ) -> Region:
     """:func:`region_of` over a table's ``columns``, each partition column spelt as stored."""
     by_lower = {c.lower(): c for c in columns}
-    pairs = tuple((d, by_lower.get(c.lower(), c)) for d, c in as_pairs(partition_columns))
+
+    def spelt(name: str) -> str:
+        return by_lower.get(name.lower(), name)
+
+    pairs = tuple((d, expressions.respelt(c, spelt)) for d, c in as_pairs(partition_columns))
     return region_of(window, pairs, columns.__getitem__, table)
+
+
+def _term_type(term: str, type_of: Callable[[str], pa.DataType]) -> pa.DataType:
+    """A partition term's type: a column's own, an expression's result (its columns must exist)."""
+    if not expressions.is_expression(term):
+        return type_of(term)
+    for name in expressions.inputs(term):
+        type_of(name)
+    return expressions.result_type(term)
 
 
 def region_for(

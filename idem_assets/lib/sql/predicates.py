@@ -1,10 +1,12 @@
 """The one place that says which rows a partition window holds, for every engine.
 
-A window is a :data:`~idem_assets.lib.model.regions.Region`: boxes of conditions on the partition
-columns (half-open time spans, category ``IN`` lists), ORed. :func:`region` turns it into a
-sqlglot expression whose values are numbered parameters; :func:`render` spells it in a dialect
-(``$n`` placeholders for DuckDB and PostgreSQL, ``:pn`` for Spark) and :func:`inline` puts typed
-literals in their place for engines that take predicates as text (Delta Lake). Consumers that are
+A window is a :data:`~idem_assets.lib.model.windows.Region`: boxes of conditions on the partition
+terms (half-open time spans, category ``IN`` lists), ORed. A term is a column or a
+``partition_expr`` expression (:func:`term`); either is rendered here and nowhere else.
+:func:`region` turns a region into a sqlglot expression whose values are numbered parameters;
+:func:`render` spells it in a dialect (``$n`` placeholders for DuckDB and PostgreSQL, ``:pn`` for
+Spark) and :func:`inline` puts typed literals in their place for engines that take predicates as
+text (Delta Lake). Consumers that are
 not SQL walk the same region: :func:`arrow_expression` for pyarrow.compute.
 
 Rendered text is cached by the region's shape (its columns and how many values each condition
@@ -19,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.windows import Bound, Box, Condition, Region
 
@@ -58,9 +61,46 @@ def column(name: str, alias: str | None = None) -> exp.Column:
     return exp.column(name, table=alias, quoted=True)
 
 
-def condition(cond: Condition, params: Params, alias: str | None = None) -> exp.Expr:
-    """One partition column inside any of its spans, or among its values."""
-    c = column(cond.column, alias)
+def term(name: str, alias: str | None = None, safe: bool = False) -> exp.Expr:
+    """A partition term: a column, or a ``partition_expr`` expression cast to its result type.
+
+    The cast pins the type the window's bounds are compared with on every engine (PostgreSQL's
+    ``to_timestamp`` gives a TIMESTAMPTZ where DuckDB's ``strptime`` gives a TIMESTAMP).
+    ``safe``: a value the expression cannot compute (text that is no date) is NULL instead of
+    an error, so the guards count it among the rows of no partition, with a sample.
+    """
+    if not expressions.is_expression(name):
+        return column(name, alias)
+
+    def node(n: exp.Expr) -> exp.Expr:
+        if isinstance(n, exp.Column):
+            return exp.column(validate_identifier(n.name, "column"), table=alias, quoted=True)
+        if safe and isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
+            return exp.TryCast(this=n.this, to=n.to)
+        if safe and isinstance(n, exp.StrToTime | exp.StrToDate):
+            n.set("safe", True)
+        return n
+
+    tree = expressions.parsed(name).transform(node, copy=True)
+    kind = expressions.sql_type(expressions.result_type(name))
+    while isinstance(tree, exp.Paren):
+        tree = tree.this
+    if isinstance(tree, exp.Cast) and tree.to == kind:
+        return tree
+    cast = exp.TryCast if safe else exp.Cast
+    return cast(this=tree, to=kind)
+
+
+def terms(names: Sequence[str], alias: str | None = None, safe: bool = False) -> list[exp.Expr]:
+    """Partition terms (columns or expressions), as :func:`term` renders each."""
+    return [term(n, alias, safe) for n in names]
+
+
+def condition(
+    cond: Condition, params: Params, alias: str | None = None, safe: bool = False
+) -> exp.Expr:
+    """One partition term inside any of its spans, or among its values."""
+    c = term(cond.column, alias, safe)
     if cond.spans:
         spans = [
             exp.and_(
@@ -73,18 +113,23 @@ def condition(cond: Condition, params: Params, alias: str | None = None) -> exp.
     return exp.In(this=c, expressions=[params.add(v) for v in cond.values])
 
 
-def box(b: Box, params: Params, alias: str | None = None) -> exp.Expr:
+def box(b: Box, params: Params, alias: str | None = None, safe: bool = False) -> exp.Expr:
     """Rows meeting every condition of a box."""
-    parts = [condition(cond, params, alias) for cond in b]
+    parts = [condition(cond, params, alias, safe) for cond in b]
     return parts[0] if len(parts) == 1 else exp.paren(exp.and_(*parts))
 
 
-def region(r: Region, params: Params, alias: str | None = None) -> exp.Expr:
+def region(r: Region, params: Params, alias: str | None = None, safe: bool = False) -> exp.Expr:
     """Rows in any box of a region; an empty region holds every row (``TRUE``)."""
     if not r:
         return exp.true()
-    parts = [box(b, params, alias) for b in r]
+    parts = [box(b, params, alias, safe) for b in r]
     return parts[0] if len(parts) == 1 else exp.paren(exp.or_(*parts))
+
+
+def has_expression(r: Region) -> bool:
+    """Whether any condition of the region is on a ``partition_expr`` expression."""
+    return any(expressions.is_expression(c.column) for b in r for c in b)
 
 
 def values(r: Region) -> list[Any]:

@@ -23,7 +23,7 @@ from sqlglot import exp
 from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.windows import Bound, Box, Cell, Condition, Region
 from idem_assets.lib.sql import predicates
-from idem_assets.lib.sql.predicates import Params, Statement, bind, column, render
+from idem_assets.lib.sql.predicates import Params, Statement, bind, column, render, terms
 
 __all__ = ["Statement", "bind"]
 
@@ -152,8 +152,10 @@ def _none_null(cols: Sequence[exp.Expr]) -> exp.Expr:
     return exp.and_(*[exp.not_(exp.Is(this=c.copy(), expression=exp.Null())) for c in cols])
 
 
-def _region(params: Params, region: Region, alias: str | None = None) -> exp.Expr:
-    return predicates.region(region, params, alias)
+def _region(
+    params: Params, region: Region, alias: str | None = None, safe: bool = False
+) -> exp.Expr:
+    return predicates.region(region, params, alias, safe)
 
 
 def _key_tuple(cols: Sequence[exp.Expr]) -> exp.Expr:
@@ -174,34 +176,43 @@ def batch_profile(
 ) -> exp.Expr:
     """One scan of the batch: rows, NULL partition values, stray rows, NULL keys, duplicates.
 
-    Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``.
+    Columns returned: ``rows, null_partition, outside_window, null_key, duplicate_keys``. A
+    ``partition_expr`` expression that cannot compute a row's value counts it as NULL.
     """
     zero = exp.Literal.number(0)
     null_partition, outside, null_key, duplicates = zero, zero, zero, zero
     if partition_columns:
-        pcs = columns(partition_columns)
+        pcs = terms(partition_columns, safe=True)
         null_partition = _count_if(_any_null(pcs))
         if region:
-            outside = _count_if(
-                exp.and_(exp.not_(exp.paren(_any_null(pcs))), exp.not_(_region(params, region)))
-            )
+            inside = _region(params, region, safe=True)
+            outside = _count_if(exp.and_(exp.not_(exp.paren(_any_null(pcs))), exp.not_(inside)))
     if key:
         kc = columns(key)
         null_key = _count_if(_any_null(kc))
         if count_duplicates:
-            # count(DISTINCT) is the costliest part of the scan; skip it where nobody needs it.
-            distinct = exp.Count(this=exp.Distinct(expressions=[_struct(kc)]))
-            duplicates = exp.Sub(this=exp.Count(this=exp.Star()), expression=distinct)
+            # The costliest part of the scan; skipped where nobody needs it. Counted over the
+            # keys grouped, not as count(DISTINCT): a grouping spills to disk past the memory
+            # limit (a streamed batch bigger than memory), a distinct aggregate cannot.
+            duplicates = _duplicates(source, kc)
     return exp.select(
         exp.Count(this=exp.Star()), null_partition, outside, null_key, duplicates
     ).from_(relation(source))
 
 
-def _struct(cols: Sequence[exp.Expr]) -> exp.Expr:
-    """One value for a key of several columns (``row(a, b)``), the column itself for one."""
-    if len(cols) == 1:
-        return cols[0]
-    return exp.Anonymous(this="row", expressions=list(cols))
+def _duplicates(source: Rel, key: Sequence[exp.Expr]) -> exp.Expr:
+    """Rows beyond the first of each key: ``sum(n - 1)`` over the keys held more than once."""
+    n = exp.to_identifier("idem-n", quoted=True)
+    grouped = (
+        exp.select(exp.alias_(exp.Count(this=exp.Star()), n)).from_(relation(source)).group_by(*key)
+    )
+    extra = exp.Sub(this=exp.column(n), expression=exp.Literal.number(1))
+    total = (
+        exp.select(exp.Coalesce(this=exp.Sum(this=extra), expressions=[exp.Literal.number(0)]))
+        .from_(grouped.subquery(exp.to_identifier("idem-keys", quoted=True)))
+        .where(exp.GT(this=exp.column(n), expression=exp.Literal.number(1)))
+    )
+    return exp.Subquery(this=total)
 
 
 @statement(windows=("region",), relations=("source",))
@@ -209,11 +220,11 @@ def stray_rows_sample(
     params: Params, source: Rel, partition_columns: Sequence[str], region: Region, limit: int = 5
 ) -> exp.Expr:
     """A few rows outside the window (a NULL partition value is not stray), in column order."""
-    pcs = columns(partition_columns)
+    pcs = terms(partition_columns, safe=True)
     return (
         exp.select("*")
         .from_(relation(source))
-        .where(exp.and_(_none_null(pcs), exp.not_(_region(params, region))))
+        .where(exp.and_(_none_null(pcs), exp.not_(_region(params, region, safe=True))))
         .order_by(*[c.copy() for c in pcs])
         .limit(int(limit))
     )
@@ -221,8 +232,9 @@ def stray_rows_sample(
 
 @statement(relations=("source",))
 def null_sample(params: Params, source: Rel, names: Sequence[str], limit: int = 5) -> exp.Expr:
-    """A few rows with NULL in any of ``names``."""
-    return exp.select("*").from_(relation(source)).where(_any_null(columns(names))).limit(limit)
+    """A few rows with NULL in any of ``names`` (partition terms or keys)."""
+    found = _any_null(terms(names, safe=True))
+    return exp.select("*").from_(relation(source)).where(found).limit(limit)
 
 
 @statement(relations=("source",))
@@ -292,6 +304,13 @@ def dedupe(
     Ties on ``order_by`` are broken by every remaining column, so the winner never depends on
     the order rows arrived in; rows that tie on every column are identical, so any one will do.
     """
+    return _deduped(relation(source), key, order_by, names)
+
+
+def _deduped(
+    source: exp.Expr, key: Sequence[str], order_by: Sequence[str], names: Sequence[str]
+) -> exp.Select:
+    """:func:`dedupe`'s rows, read from any table expression."""
     # Sorted, so the winner of an exact tie does not depend on the batch's column order either.
     rest = sorted(c for c in names if c not in key and c not in order_by)
     order = [exp.Ordered(this=c, desc=True, nulls_first=False) for c in columns(order_by)] + [
@@ -302,9 +321,7 @@ def dedupe(
         partition_by=columns(key),
         order=exp.Order(expressions=order),
     )
-    ranked = exp.select(*columns(names), exp.alias_(rank, "idem-rank", quoted=True)).from_(
-        relation(source)
-    )
+    ranked = exp.select(*columns(names), exp.alias_(rank, "idem-rank", quoted=True)).from_(source)
     return (
         exp.select(*columns(names))
         .from_(ranked.subquery("ranked"))
@@ -380,11 +397,39 @@ PLAN_COLUMNS = (
     "updated",
     "deleted",
     "unchanged",
+    "exact",
 )
 
 
+def _after_side(
+    after: Rel, names: Sequence[str], key: Sequence[str], order_by: Sequence[str]
+) -> exp.Select:
+    """The batch's rows as the publish writes them: one per key, the latest, with ``order_by``."""
+    if order_by and key:
+        return _deduped(relation(after), key, order_by, names)
+    return exp.select(*columns(names)).from_(relation(after))
+
+
+def _before_side(
+    params: Params, before: Rel, names: Sequence[str], missing: Sequence[str], region: Region
+) -> exp.Select:
+    """The stored rows of the window, in the batch's columns: NULL in the ones it adds."""
+    picked = [
+        exp.alias_(exp.Null(), validate_identifier(n, "column"), quoted=True)
+        if n in missing
+        else column(n)
+        for n in names
+    ]
+    tree = exp.select(*picked).from_(relation(before))
+    return _where(tree, _region(params, region) if region else None)
+
+
 def _hashed(
-    params: Params, source: Rel, names: Sequence[str], key: Sequence[str], cells: Sequence[Cell]
+    params: Params,
+    side: exp.Select,
+    names: Sequence[str],
+    key: Sequence[str],
+    cells: Sequence[Cell],
 ) -> exp.Select:
     """Each row's partition, key (as the library's own names) and hash: one side of a plan."""
     partition = _partition_case(params, cells, None) if cells else exp.Null()
@@ -394,15 +439,73 @@ def _hashed(
         exp.alias_(partition, "idem-p", quoted=True),
         *keys,
         exp.alias_(hashed, "idem-h", quoted=True),
-    ).from_(relation(source))
+    ).from_(side.subquery("side"))
 
 
-#: Rows that stay the same between the window as stored (b) and as planned (a), by content:
-#: a multiset of (partition, row hash) pairs on each side.
+#: By content, the cheap way: each side's count and hash sum per partition (its fingerprints);
+#: where they differ, one full join of the two sides' row hashes. Its pairs are the rows a
+#: publish leaves as they are, unless a row repeats on both sides of a pair (its last column,
+#: "exact", is false then): :data:`_BY_PAIRS` counts those pair by pair. A row repeating on one
+#: side only pairs with the other's one copy, so that side's matched rows are the count. A
+#: partition whose fingerprints agree holds the batch's rows already (the fingerprint is how
+#: the library tells content apart), so none of its rows is joined. Identical rows lie in one
+#: partition, so the row hash alone pairs them.
 _BY_CONTENT = """
+SELECT p, nb, hb, na, ha, na - same, 0, nb - same, same, exact
+FROM (
+  SELECT t.p, t.nb, t.hb, t.na, t.ha,
+    CASE
+      WHEN t.na = t.nb AND t.ha = t.hb THEN t.na
+      WHEN j.pairs = t.nb - j.only_b THEN t.na - j.only_a
+      ELSE t.nb - j.only_b
+    END AS same,
+    coalesce(j.pairs IN (t.na - j.only_a, t.nb - j.only_b), TRUE) AS exact
+  FROM "idem-totals" AS t LEFT JOIN "idem-joined" AS j ON j.p IS NOT DISTINCT FROM t.p
+) AS planned
+"""
+_BY_CONTENT_STEPS = (
+    (
+        '"idem-totals"',
+        """
+        SELECT p, count(*) FILTER (WHERE side = 1) AS nb,
+          coalesce(sum(CAST(h AS HUGEINT)) FILTER (WHERE side = 1), 0) AS hb,
+          count(*) FILTER (WHERE side = 0) AS na,
+          coalesce(sum(CAST(h AS HUGEINT)) FILTER (WHERE side = 0), 0) AS ha
+        FROM (
+          SELECT "idem-p" AS p, "idem-h" AS h, 0 AS side FROM "idem-after"
+          UNION ALL
+          SELECT "idem-p", "idem-h", 1 FROM "idem-before"
+        ) AS sides
+        GROUP BY 1
+        """,
+    ),
+    ('"idem-changed"', 'SELECT p FROM "idem-totals" WHERE na <> nb OR ha <> hb'),
+    (
+        '"idem-joined"',
+        """
+        SELECT coalesce(a."idem-p", b."idem-p") AS p,
+          count(*) FILTER (WHERE b."idem-h" IS NULL) AS only_a,
+          count(*) FILTER (WHERE a."idem-h" IS NULL) AS only_b,
+          count(*) FILTER (WHERE a."idem-h" IS NOT NULL AND b."idem-h" IS NOT NULL) AS pairs
+        FROM (
+          SELECT s.* FROM "idem-after" AS s
+          SEMI JOIN "idem-changed" AS c ON s."idem-p" IS NOT DISTINCT FROM c.p
+        ) AS a
+        FULL JOIN (
+          SELECT s.* FROM "idem-before" AS s
+          SEMI JOIN "idem-changed" AS c ON s."idem-p" IS NOT DISTINCT FROM c.p
+        ) AS b ON a."idem-h" = b."idem-h"
+        GROUP BY 1
+        """,
+    ),
+)
+
+#: Every row pair counted: a multiset of (partition, row hash) pairs on each side. Exact where
+#: rows repeat; it costs an aggregate over every row of both sides.
+_BY_PAIRS = """
 SELECT p, sum(nb), coalesce(sum(nb * CAST(h AS HUGEINT)), 0), sum(na),
   coalesce(sum(na * CAST(h AS HUGEINT)), 0), sum(na - least(na, nb)), 0,
-  sum(nb - least(na, nb)), sum(least(na, nb))
+  sum(nb - least(na, nb)), sum(least(na, nb)), TRUE
 FROM (
   SELECT p, h, count(*) FILTER (WHERE side = 0) AS na, count(*) FILTER (WHERE side = 1) AS nb
   FROM (
@@ -419,7 +522,7 @@ GROUP BY 1
 #: leaves it; a stored row whose key the batch lacks is deleted or kept ({kept}).
 _BY_KEY = """
 SELECT p, sum(rb), coalesce(sum(CAST(hb AS HUGEINT)), 0), sum(ra),
-  coalesce(sum(CAST(ha AS HUGEINT)), 0), sum(ins), sum(upd), sum(del), sum(same)
+  coalesce(sum(CAST(ha AS HUGEINT)), 0), sum(ins), sum(upd), sum(del), sum(same), TRUE
 FROM (
   SELECT ap AS p, 0 AS rb, NULL AS hb, 1 AS ra, ah AS ha, CAST(bh IS NULL AS INT) AS ins,
     CAST(bh IS NOT NULL AND ah <> bh AS INT) AS upd, 0 AS del,
@@ -435,7 +538,7 @@ GROUP BY 1
 """
 
 
-@statement(windows=("cells",), relations=("after", "before"))
+@statement(windows=("cells", "region"), relations=("after", "before"))
 def plan_diff(
     params: Params,
     after: Rel,
@@ -444,6 +547,10 @@ def plan_diff(
     key: Sequence[str],
     cells: Sequence[Cell],
     delete_missing: bool = False,
+    region: Region = (),
+    missing: Sequence[str] = (),
+    order_by: Sequence[str] = (),
+    pairs: bool = False,
 ) -> exp.Expr:
     """What a publish of ``after`` does to the window ``before`` holds: :data:`PLAN_COLUMNS`.
 
@@ -452,14 +559,22 @@ def plan_diff(
     when its content differs; the window's other rows are deleted with ``delete_missing``, kept
     otherwise. Hashes and sums are the fingerprint's (:func:`fingerprint`), so the planned
     fingerprint is the one the publish would leave. One row per partition of ``cells`` (one
-    row under NULL without cells). DuckDB's dialect only: it runs in the evaluator.
+    row under NULL without cells). ``before`` is read inside ``region`` (the table itself, where
+    the evaluator reads it) with NULL in the ``missing`` columns the publish adds; ``after`` is
+    deduplicated by ``order_by`` as the write does. An overwrite is compared by one full join,
+    exact unless a row repeats on both sides (its ``exact`` column is then false), or with
+    ``pairs`` by an aggregate over every row, exact always. DuckDB's dialect only: it runs in
+    the evaluator.
     """
-    a = _hashed(params, after, names, key, cells)
-    b = _hashed(params, before, names, key, cells)
+    a = _hashed(params, _after_side(after, names, key, order_by), names, key, cells)
+    b = _hashed(params, _before_side(params, before, names, missing, region), names, key, cells)
     if not key:
-        tree = sqlglot.parse_one(_BY_CONTENT, read="duckdb")
+        tree = sqlglot.parse_one(_BY_PAIRS if pairs else _BY_CONTENT, read="duckdb")
         assert isinstance(tree, exp.Select)
-        return tree.with_('"idem-after"', as_=a).with_('"idem-before"', as_=b)
+        tree = tree.with_('"idem-after"', as_=a).with_('"idem-before"', as_=b)
+        for name, step in () if pairs else _BY_CONTENT_STEPS:
+            tree = tree.with_(name, as_=step, dialect="duckdb")
+        return tree
     # The key columns go by the library's own names, so no user name is spelt in this text.
     same = " AND ".join(f'a."idem-k{i}" = b."idem-k{i}"' for i in range(len(key)))
     joined = (
@@ -473,6 +588,35 @@ def plan_diff(
         .with_('"idem-before"', as_=b)
         .with_("j", as_=joined, dialect="duckdb")
     )
+
+
+@statement(windows=("region",), relations=("after", "before"))
+def planned_rows(
+    params: Params,
+    after: Rel,
+    before: Rel,
+    names: Sequence[str],
+    key: Sequence[str],
+    keep_missing: bool,
+    region: Region = (),
+    missing: Sequence[str] = (),
+    order_by: Sequence[str] = (),
+) -> exp.Expr:
+    """The window's rows as a publish of ``after`` leaves them, read as :func:`plan_diff` reads.
+
+    The batch's rows; with ``keep_missing`` (an upsert) also the stored rows whose key the
+    batch lacks. DuckDB's dialect only.
+    """
+    written = _after_side(after, names, key, order_by)
+    if not (keep_missing and key):
+        return written
+    stored = _before_side(params, before, names, missing, region).subquery("b")
+    same = exp.and_(*[exp.EQ(this=column(k, "a"), expression=column(k, "b")) for k in key])
+    batch_holds = exp.Exists(
+        this=exp.select(exp.Literal.number(1)).from_(written.subquery("a")).where(same)
+    )
+    kept = exp.select(*columns(names, "b")).from_(stored).where(exp.not_(batch_holds))
+    return exp.union(written, kept, distinct=False)
 
 
 # The target ------------------------------------------------------------------------------------
@@ -629,7 +773,7 @@ def select_window(
     elif region:
         tree = tree.where(_region(params, region))
     if order_by:
-        tree = tree.order_by(*columns(order_by))
+        tree = tree.order_by(*terms(order_by))
     return tree
 
 

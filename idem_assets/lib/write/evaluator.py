@@ -7,7 +7,7 @@ the guards read it here: nothing reaches the target before every guard has passe
 
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import duckdb
@@ -17,9 +17,12 @@ from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.sql.predicates import Statement
 from idem_assets.lib.write.schema_fit import rounded_timestamps, stored_batch
 from idem_assets.lib.write.seam import Fitted
+from idem_assets.lib.write.streams import CHUNK_ROWS, cast_reader, spill_root
 
 #: Registered names are the library's own: not plain identifiers, so no user table has one.
 BATCH_PREFIX = "idem-batch-"
+STORED_PREFIX = "idem-stored-"
+VIEW_PREFIX = "idem-view-"
 
 
 class DuckDBEvaluator:
@@ -31,6 +34,8 @@ class DuckDBEvaluator:
         """Query ``conn``; :meth:`release` unregisters what was registered through this."""
         self.conn = conn
         self._names: list[str] = []
+        self._tables: list[str] = []
+        self._views: list[str] = []
 
     def register(self, data: object, prefix: str = BATCH_PREFIX) -> str:
         """Register Arrow ``data`` (a table, reader or dataset); returns its quoted name."""
@@ -56,8 +61,52 @@ class DuckDBEvaluator:
         query, params = (statement, []) if isinstance(statement, str) else statement
         return self.conn.sql(query, params=list(params) or None).to_arrow_table()
 
+    def reader(self, statement: Statement | str) -> pa.RecordBatchReader:
+        """Run ``statement`` and read its rows batch by batch (the cursor is busy until drained)."""
+        query, params = (statement, []) if isinstance(statement, str) else statement
+        return self.conn.sql(query, params=list(params) or None).to_arrow_reader(CHUNK_ROWS)
+
+    def create(self, rows: pa.RecordBatchReader | str, prefix: str = STORED_PREFIX) -> str:
+        """A table of the database holding ``rows``, dropped on release; its quoted name.
+
+        ``rows`` is a reader (read once) or a query.
+        """
+        name = prefix + uuid.uuid4().hex
+        source = f"({rows})" if isinstance(rows, str) else self.register(rows)
+        self.conn.execute(f"CREATE TABLE {quote(name)} AS SELECT * FROM {source}").fetchall()
+        self._tables.append(name)
+        return quote(name)
+
+    def view(self, query: str | Statement) -> str:
+        """A temporary view of ``query`` on this evaluator's cursor, dropped on release."""
+        sql, params = (query, []) if isinstance(query, str) else query
+        name = VIEW_PREFIX + uuid.uuid4().hex
+        self.conn.execute(f"CREATE TEMP VIEW {quote(name)} AS {sql}", list(params)).fetchall()
+        self._views.append(name)
+        return quote(name)
+
     def release(self, failed: bool = False) -> None:
         """Unregister everything this evaluator registered (errors too, unless ``failed``)."""
+        views, tables = self._views, self._tables
+        self._views, self._tables = [], []
+        for name in views:
+            try:
+                self.conn.execute(f"DROP VIEW IF EXISTS {quote(name)}").fetchall()
+            except duckdb.Error:
+                # A write that failed midway may leave a result open on this cursor; its
+                # temporary views go with the cursor when it closes.
+                if not failed:
+                    raise
+        if tables:
+            # A table it created is the database's: dropped through a cursor of its own, which
+            # no open result of this one can refuse, or it would outlive the publish.
+            with self.conn.cursor() as fresh:
+                for name in tables:
+                    try:
+                        fresh.execute(f"DROP TABLE IF EXISTS {quote(name)}").fetchall()
+                    except duckdb.Error:
+                        if not failed:
+                            raise
         names, self._names = self._names, []
         for name in names:
             try:
@@ -72,8 +121,40 @@ class DuckDBEvaluator:
 _PROCESS: tuple[int, duckdb.DuckDBPyConnection] | None = None
 
 
+def reading(
+    query: Callable[["DuckDBEvaluator"], Statement | str], schema: pa.Schema | None = None
+) -> pa.RecordBatchReader:
+    """The rows of ``query`` on an embedded evaluator of their own, which lives until they end.
+
+    ``query`` may register or create what it reads (the evaluator drops it at the end); the
+    rows come back in ``schema`` when given. For a load that hands a reader to its caller.
+    """
+    ev = embedded()
+    try:
+        found = ev.reader(query(ev))
+    except BaseException:
+        ev.release(failed=True)
+        ev.conn.close()
+        raise
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            yield from found
+        finally:
+            found.close()
+            ev.release(failed=True)
+            ev.conn.close()
+
+    return cast_reader(pa.RecordBatchReader.from_batches(found.schema, batches()), schema)
+
+
 def embedded() -> DuckDBEvaluator:
     """An evaluator on a cursor of the process's embedded DuckDB (close it with the cursor)."""
+    return DuckDBEvaluator(embedded_database().cursor())
+
+
+def embedded_database() -> duckdb.DuckDBPyConnection:
+    """The process's embedded DuckDB: an in-memory database every cursor of it shares."""
     global _PROCESS
     # Opening a database costs ~10 ms a publish; a cursor costs nothing. A forked child opens
     # its own.
@@ -81,8 +162,95 @@ def embedded() -> DuckDBEvaluator:
         conn = duckdb.connect()
         # Aware timestamps in samples and messages read in UTC, as the engines store them.
         conn.execute("SET GLOBAL TimeZone = 'UTC'")
+        # Past its memory limit an in-memory database writes to this folder (by default a
+        # '.tmp' in the working directory, which may be the user's project).
+        folder = str(spill_root() / "duckdb").replace("'", "''")
+        conn.execute(f"SET GLOBAL temp_directory = '{folder}'")
         _PROCESS = (os.getpid(), conn)
-    return DuckDBEvaluator(_PROCESS[1].cursor())
+    return _PROCESS[1]
+
+
+class StagedRows:
+    """The batch as an engine storing Arrow stores it, and where the guards read it.
+
+    In memory (an Arrow table registered in the evaluator) or, for a streamed batch, a table
+    of the embedded DuckDB that spills to disk: the write reads it :meth:`whole` or as a
+    :meth:`reader`, batch by batch.
+    """
+
+    def __init__(
+        self,
+        evaluator: DuckDBEvaluator,
+        relation: str,
+        schema: pa.Schema,
+        num_rows: int,
+        table: pa.Table | None = None,
+    ) -> None:
+        """Rows of ``schema`` read by ``relation`` in ``evaluator``; ``table`` when in memory."""
+        self.evaluator = evaluator
+        self.relation = relation
+        self.schema = schema
+        self.num_rows = num_rows
+        self._table = table
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the rows live in a DuckDB table rather than in memory."""
+        return self._table is None
+
+    def whole(self) -> pa.Table:
+        """Every row in memory (a streamed batch is read whole: only for engines that must)."""
+        if self._table is not None:
+            return self._table
+        return self.reader().read_all()
+
+    def reader(self, relation: str | None = None) -> pa.RecordBatchReader:
+        """The rows (or those of ``relation``, a view over them), batch by batch, as stored."""
+        if self._table is not None and relation in (None, self.relation):
+            return self._table.to_reader()
+        found = self.evaluator.reader(f"SELECT * FROM {relation or self.relation}")
+        return cast_reader(found, self.schema)
+
+
+class Counted:
+    """A reader whose rows are counted as its consumer reads them."""
+
+    def __init__(self, reader: pa.RecordBatchReader) -> None:
+        """Count the rows of ``reader``."""
+        self.rows = 0
+        self._reader = reader
+
+    def reader(self) -> pa.RecordBatchReader:
+        """The rows, counted on the way through."""
+        return pa.RecordBatchReader.from_batches(self._reader.schema, self._batches())
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        for batch in self._reader:
+            self.rows += batch.num_rows
+            yield batch
+
+
+def staged_rows(evaluator: DuckDBEvaluator, batch: pa.Table | Any, fitted: Fitted) -> StagedRows:
+    """``batch`` as stored (:func:`stored_rows`), registered in ``evaluator`` for the guards.
+
+    A streamed batch (:class:`~idem_assets.lib.write.streams.Spilled`, in the embedded DuckDB)
+    is read once more, a bounded table at a time, into a table of the stored names and types;
+    one already stored as the table stores it is used as it is.
+    """
+    from idem_assets.lib.write.streams import Spilled
+
+    if not isinstance(batch, Spilled):
+        rows = stored_rows(batch, fitted)
+        return StagedRows(evaluator, evaluator.register(rows), rows.schema, rows.num_rows, rows)
+    order = list(fitted.order)
+    fits = fitted.columns
+    same = all(f.name == f.stored_name and f.type == f.stored_type for f in fits)
+    if same and not fitted.rounds and batch.schema.names == order:
+        return StagedRows(evaluator, batch.relation, batch.schema, batch.num_rows)
+    first = stored_rows(pa.Table.from_batches([], batch.schema), fitted)
+    converted = (b for chunk in batch.chunks() for b in stored_rows(chunk, fitted).to_batches())
+    relation = evaluator.create(pa.RecordBatchReader.from_batches(first.schema, converted))
+    return StagedRows(evaluator, relation, first.schema, batch.num_rows)
 
 
 def stored_rows(batch: pa.Table, fitted: Fitted) -> pa.Table:

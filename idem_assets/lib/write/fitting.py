@@ -6,7 +6,7 @@ decided from them (names, types, schema changes, rounding, text it cannot hold) 
 with :mod:`idem_assets.lib.write.schema_fit`'s rules, before anything is staged.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import pyarrow as pa
@@ -22,9 +22,19 @@ UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 
 
 def fit(
-    batch: pa.Table, settings: WriteSettings, where: str, snapshot: Snapshot, caps: Capabilities
+    batch: pa.Table,
+    settings: WriteSettings,
+    where: str,
+    snapshot: Snapshot,
+    caps: Capabilities,
+    values: Callable[[], Iterator[pa.Table]] | None = None,
 ) -> Fitted:
-    """The batch's columns matched to the table's (or the table it creates), or a refusal."""
+    """The batch's columns matched to the table's (or the table it creates), or a refusal.
+
+    ``batch`` gives the columns (a probe, for a batch that stays in its engine); ``values``
+    gives every row for the checks that count values, the batch itself by default.
+    """
+    rows = values or (lambda: iter([batch]))
     types = snapshot_types(snapshot, caps)
     if caps.max_name_bytes is not None:
         schema_fit.refuse_cut_names(
@@ -40,10 +50,10 @@ def fit(
         refuse_changes_outside_write(settings, where, changes, table, caps, types)
         table = schema_fit.evolved(table, changes)
     fits = schema_fit.fit_columns(settings, where, batch.schema, table, types)
-    schema_fit.refuse_lossy_values(batch, fits, settings, where, types)
+    schema_fit.refuse_lossy_values(rows, fits, settings, where, types)
     lengths = {c: (col.length, col.sql) for c, col in stored.items() if col.length is not None}
     schema_fit.refuse_unstorable_text(
-        batch, fits, settings, where, types, lengths, holds_nul=caps.text_holds_nul
+        rows, fits, settings, where, types, lengths, holds_nul=caps.text_holds_nul
     )
     by_name = {f.name.lower(): f for f in fits}
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.errors import (
     ConfigurationError,
     DuplicateKeyError,
@@ -25,7 +26,15 @@ from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Bound, spans_for
 from idem_assets.lib.sql import statements as batch_sql
 from idem_assets.lib.sql.predicates import Statement
-from idem_assets.lib.write.seam import Capabilities, Counts, Evaluator, Scope, Snapshot, Summary
+from idem_assets.lib.write.seam import (
+    Capabilities,
+    Counts,
+    Evaluator,
+    Scope,
+    Snapshot,
+    Summary,
+    Written,
+)
 
 #: Keys that readers of a Hive-style path (``column=value``) take for NULL: the empty string,
 #: which Delta Lake stores as NULL, and Hive's name for the NULL partition, which Polars, Spark,
@@ -64,8 +73,29 @@ def profile(scope: Scope) -> BatchProfile:
         count_duplicates,
         dialect=staged.evaluator.dialect,
     )
-    found = staged.evaluator.rows(statement)
+    try:
+        found = staged.evaluator.rows(statement)
+    except Exception as exc:
+        # An expression that fails on a value (an overflow) rather than giving NULL.
+        terms = [t for t in scope.pcols if expressions.is_expression(t)]
+        if not terms:
+            raise
+        raise NullValueError(
+            f"Refused to write {scope.where}: partition_expr {terms[0]} cannot be computed on"
+            f" every row of the batch ({str(exc).splitlines()[0]}), so some rows belong to no"
+            " partition. Nothing was changed. Fix: correct or drop those rows before returning"
+            f" the batch, or {expressions.compute_instead(terms[0])}."
+        ) from exc
     return BatchProfile(*(found[0] if found else (0,) * 5))
+
+
+def refuse_unsupported_expressions(settings: WriteSettings, caps: Capabilities) -> None:
+    """Refuse a ``partition_expr`` expression on an engine that scopes writes by a column only."""
+    if caps.expression_dialect is not None:
+        return
+    for _, term in settings.partition_columns:
+        if expressions.is_expression(term):
+            expressions.refuse_unsupported(term, settings.asset, caps.engine)
 
 
 def _rel(relation: str) -> str:
@@ -85,11 +115,17 @@ def refuse_unsafe_rows(scope: Scope, found: BatchProfile) -> None:
     rows = found.rows
     named = ", ".join(f"'{c}'" for c in pcols)
     if found.null_partition:
+        computed = [t for t in pcols if expressions.is_expression(t)]
+        what = (
+            f"no value for partition_expr {', '.join(computed)} (NULL, or a value it cannot"
+            " convert)"
+            if computed
+            else f"NULL in partition column {named}"
+        )
         raise NullValueError(
-            f"Refused to write {where}: {found.null_partition} of {rows} rows have NULL in"
-            f" partition column {named}, so they belong to no partition. Nothing was changed."
-            " Fix: drop or date those rows (give them their partition's value) before returning"
-            " the batch. Sample:\n"
+            f"Refused to write {where}: {found.null_partition} of {rows} rows have {what}, so"
+            " they belong to no partition. Nothing was changed. Fix: drop or date those rows"
+            " (give them their partition's value) before returning the batch. Sample:\n"
             + sample(ev, batch_sql.null_sample(source, list(pcols), dialect=dialect))
         )
     if found.outside and pcols and scope.window:
@@ -211,6 +247,39 @@ def refuse_erasing(scope: Scope, rows: int, existing: Counts) -> None:
             " out why the input is empty; if the partition really is empty now, declare it:"
             " metadata={'allow_empty': True}."
         )
+
+
+def refuse_misplaced(scope: Scope, summary: Summary, written: Written, engine: str) -> None:
+    """Refuse a write the engine's SQL places otherwise than the guards' evaluator did.
+
+    An expression is judged on the staged batch in the evaluator's dialect and deletes, counts
+    and loads in the engine's, and the two need not agree on every value (a lenient date
+    parser). Written rows must land where the guards placed them: the window as the engine
+    counts it must hold what the publish leaves there, partition by partition. Every row
+    stored was so checked when written, so the engine places the stored rows as the guards did.
+    """
+    placed = written.placed
+    if placed is None:
+        return
+    settings = scope.settings
+    if settings.mode == "overwrite" or settings.delete_missing:
+        expected = written.rows
+    else:
+        expected = sum(summary.existing.values()) - sum(summary.matched.values()) + written.rows
+    judged = {k: n for k, (n, _) in written.fingerprints.items() if n}
+    counted = {k: n for k, n in placed.items() if n}
+    if sum(counted.values()) == expected and counted == judged:
+        return
+    terms = [t for t in scope.pcols if expressions.is_expression(t)]
+    by_partition = f" (by partition {judged}, {engine}: {counted})" if scope.cells else ""
+    raise StrayRowsError(
+        f"Refused to write {scope.where}: {engine} places {sum(counted.values())} rows in the"
+        f" window by its own evaluation of partition_expr {', '.join(terms)}, where the guards"
+        f" placed {expected}{by_partition}: the expression"
+        f" means something else in {engine}'s SQL than in the evaluator's for some of the"
+        " batch's values, so a rerun would not replace exactly these rows. Nothing was"
+        f" changed (the write was rolled back). Fix: {expressions.compute_instead(terms[0])}."
+    )
 
 
 def refuse_keys_elsewhere(scope: Scope, summary: Summary, concurrent: bool = False) -> None:

@@ -2,9 +2,9 @@
 
 :func:`plan` opens the publish's transaction, describes, fits and stages the batch and runs every
 guard (:func:`~idem_assets.lib.write.publish.judge`), exactly as :func:`~idem_assets.lib.write.
-publish.publish` does; then, instead of writing, it reads the window as stored and compares it
-with the staged batch in the embedded DuckDB evaluator, and rolls the transaction back. One
-comparison serves every engine: the engine only stages and loads, as it does for a publish.
+publish.publish` does; then, instead of writing, it compares the staged batch with the window as
+stored, and rolls the transaction back. One DuckDB statement serves every engine, run where both
+sides already are (:func:`_sides`): the engine only stages and loads, as it does for a publish.
 
 The counts are of rows *changed*, not rows written: an overwrite writes the whole window, but
 a rerun that reproduces it changes nothing. An overwrite compares rows by their whole content
@@ -16,19 +16,28 @@ would record.
 
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from idem_assets.lib.model.errors import ConcurrentWriteError, IdempotencyError
-from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import WriteMode, WriteSettings
-from idem_assets.lib.model.windows import WriteWindow
+from idem_assets.lib.model.windows import Region, WriteWindow
 from idem_assets.lib.sql import statements
-from idem_assets.lib.write.evaluator import embedded
-from idem_assets.lib.write.publish import COMMIT_ATTEMPTS, as_backend, digest, judge, where_of
+from idem_assets.lib.write.evaluator import DuckDBEvaluator, embedded
+from idem_assets.lib.write.publish import (
+    COMMIT_ATTEMPTS,
+    as_backend,
+    digest,
+    judge,
+    spill_area,
+    where_of,
+)
 from idem_assets.lib.write.schema_fit import refuse_repeated_names
 from idem_assets.lib.write.seam import (
     Backend,
@@ -38,6 +47,7 @@ from idem_assets.lib.write.seam import (
     TableRef,
     probe_of,
 )
+from idem_assets.lib.write.streams import DEFAULT_MEMORY, Spilled, Stream, as_stream, spilled
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,7 @@ class _Planned(Exception):
 
 def plan(
     store: duckdb.DuckDBPyConnection | Backend,
-    batch: pa.Table | EngineBatch,
+    batch: "pa.Table | EngineBatch | Stream | Spilled | Any",
     settings: WriteSettings,
     window: WriteWindow | None,
     *,
@@ -109,6 +119,7 @@ def plan(
     refusal: IdempotencyError | None = None,
     keep_rows: bool = False,
     attempts: int = COMMIT_ATTEMPTS,
+    memory: str = DEFAULT_MEMORY,
 ) -> PublishPlan:
     """What publishing ``batch`` would change, with every guard run; nothing is written.
 
@@ -122,6 +133,19 @@ def plan(
     where = where_of(settings, window)
     if refusal is not None:
         return _refused(backend, settings, window, refusal)
+    stream = batch if isinstance(batch, Spilled) else as_stream(batch, settings.asset)
+    if stream is not None and not isinstance(batch, pa.Table | EngineBatch):
+        # Staged once, as the publish stages it; the plan then judges that copy.
+        with spilled(stream, spill_area(backend), memory) as staged:
+            return plan(
+                backend,
+                staged.batch(),
+                settings,
+                window,
+                now=now,
+                keep_rows=keep_rows,
+                attempts=attempts,
+            )
     for attempt in range(1, attempts + 1):
         try:
             refuse_repeated_names(probe_of(batch).column_names, where, backend.capabilities.engine)
@@ -140,44 +164,51 @@ def plan(
 
 
 def _compared(backend: Backend, scope: Scope, keep_rows: bool) -> PublishPlan:
-    """The staged batch against the window as stored, in the embedded evaluator."""
+    """The staged batch against the window as stored, in one DuckDB statement."""
     settings = scope.settings
     names = [c.stored_name for c in scope.fitted.columns]
-    staged = scope.staged
-    relation = staged.relation
-    if settings.mode == "merge" and settings.dedupe_order_by:
-        # The write keeps the latest row per key; the plan compares what it would keep.
-        kept = statements.dedupe(_name(relation), scope.key, settings.dedupe_order_by, names)
-        relation = f"({kept.sql})"
-    after = staged.evaluator.arrow(f"SELECT * FROM {relation}")
-    stored = backend.load(settings, scope.window) if scope.table_exists else None
-    assert stored is None or isinstance(stored, pa.Table)
-    before = _aligned(stored, after, names)
     key = scope.key if settings.mode == "merge" else []
-    evaluator = embedded()
+    # The write keeps the latest row per key; the plan compares what it would keep.
+    order_by = settings.dedupe_order_by if key else ()
     rows = None
-    try:
-        planned, stored_rows = evaluator.register(after), evaluator.register(before)
-        found = evaluator.rows(
-            statements.plan_diff(
-                _name(planned), _name(stored_rows), names, key, scope.cells, settings.delete_missing
-            )
-        )
-        if keep_rows:
-            rows = after
-            if key and not settings.delete_missing:
-                # An upsert keeps the window's rows whose key the batch does not hold.
-                on = " AND ".join(f"a.{quote(k)} = b.{quote(k)}" for k in key)
-                kept = evaluator.arrow(
-                    f"SELECT b.* FROM {stored_rows} b ANTI JOIN {planned} a ON {on}"
+    with _sides(backend, scope, names) as sides:
+
+        def diff(pairs: bool) -> list[tuple[Any, ...]]:
+            return sides.evaluator.rows(
+                statements.plan_diff(
+                    sides.after,
+                    sides.before,
+                    names,
+                    key,
+                    scope.cells,
+                    settings.delete_missing,
+                    sides.region,
+                    sides.missing,
+                    order_by,
+                    pairs,
                 )
-                rows = pa.concat_tables([after, kept.cast(after.schema)])
-    finally:
-        evaluator.release()
-        evaluator.conn.close()
+            )
+
+        found = diff(pairs=False)
+        if not all(row[-1] for row in found):
+            # A row repeats in the batch and in the window: only counting pairs is exact.
+            found = diff(pairs=True)
+        if keep_rows:
+            rows = sides.evaluator.arrow(
+                statements.planned_rows(
+                    sides.after,
+                    sides.before,
+                    names,
+                    key,
+                    not settings.delete_missing,
+                    sides.region,
+                    sides.missing,
+                    order_by,
+                )
+            )
     exists = scope.table_exists
     # (rows_before, hash_before, rows_after, hash_after, inserted, updated, deleted, unchanged)
-    counted = {row[0]: tuple(int(v) for v in row[1:]) for row in found}
+    counted = {row[0]: tuple(int(v) for v in row[1:-1]) for row in found}
     keys = scope.window.keys if scope.window else []
     nothing = (0,) * 8
     per_partition: dict[str, PartitionPlan] = {}
@@ -201,21 +232,62 @@ def _compared(backend: Backend, scope: Scope, keep_rows: bool) -> PublishPlan:
     )
 
 
+@dataclass(frozen=True)
+class _Sides:
+    """Where a plan compares: an evaluator that reads the staged batch and the stored window."""
+
+    evaluator: DuckDBEvaluator
+    #: The staged batch and the stored rows, as the statements take relations.
+    after: str
+    before: statements.Rel
+    #: The window's rows in ``before`` (empty: every row of it is the window's).
+    region: Region
+    #: The batch's columns the stored rows lack (the publish adds them): NULL in them.
+    missing: tuple[str, ...]
+
+
+@contextmanager
+def _sides(backend: Backend, scope: Scope, names: list[str]) -> Iterator[_Sides]:
+    """The two sides of a plan, copied only where they do not live in one DuckDB already.
+
+    Where the staged batch's evaluator reads the target table (DuckDB's one connection), the
+    window is read in place; an engine staging in the embedded DuckDB loads its window into that
+    evaluator beside the staged batch; only a batch staged elsewhere (Spark) crosses as Arrow.
+    """
+    staged, settings = scope.staged, scope.settings
+    evaluator = staged.evaluator
+    if (
+        isinstance(evaluator, DuckDBEvaluator)
+        and backend.capabilities.evaluator_reads_target
+        and scope.snapshot.columns is not None
+    ):
+        stored = scope.snapshot.columns
+        missing = tuple(n for n in names if n not in stored)
+        target = (settings.schema, settings.table)
+        yield _Sides(evaluator, _name(staged.relation), target, scope.region, missing)
+        return
+    own = None
+    after = staged.relation
+    if not isinstance(evaluator, DuckDBEvaluator):
+        own = evaluator = embedded()
+        after = evaluator.register(staged.evaluator.arrow(f"SELECT * FROM {staged.relation}"))
+    try:
+        loaded = backend.load(settings, scope.window) if scope.table_exists else None
+        assert loaded is None or isinstance(loaded, pa.Table)
+        if loaded is None:
+            loaded = evaluator.arrow(f"SELECT * FROM {after} LIMIT 0")
+        before = evaluator.register(loaded)
+        missing = tuple(n for n in names if n not in loaded.column_names)
+        yield _Sides(evaluator, _name(after), _name(before), (), missing)
+    finally:
+        if own is not None:
+            own.release()
+            own.conn.close()
+
+
 def _name(relation: str) -> str:
     """A relation's name as the statements take it (registered names come quoted)."""
     return relation[1:-1].replace('""', '"') if relation.startswith('"') else relation
-
-
-def _aligned(stored: pa.Table | None, after: pa.Table, names: list[str]) -> pa.Table:
-    """The stored rows in the batch's columns: a column the publish adds is NULL in them."""
-    if stored is None:
-        return after.schema.empty_table()
-    columns = [
-        stored.column(n) if n in stored.column_names else pa.nulls(stored.num_rows, t)
-        for n, t in zip(after.column_names, after.schema.types, strict=True)
-        if n in names
-    ]
-    return pa.table(columns, names=[n for n in after.column_names if n in names])
 
 
 def _partition_plan(sums: tuple[int, ...], exists: bool) -> PartitionPlan:

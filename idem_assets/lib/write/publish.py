@@ -29,6 +29,7 @@ from idem_assets.lib.model.windows import (
     region_for,
 )
 from idem_assets.lib.write import fitting, guards
+from idem_assets.lib.write.evaluator import embedded_database
 from idem_assets.lib.write.runtime_values import check_runtime_values
 from idem_assets.lib.write.schema_fit import refuse_repeated_names
 from idem_assets.lib.write.seam import (
@@ -48,6 +49,17 @@ from idem_assets.lib.write.seam import (
     WritePlan,
     Written,
     probe_of,
+    values_of,
+)
+from idem_assets.lib.write.streams import (
+    DEFAULT_MEMORY,
+    Progress,
+    SpillArea,
+    Spilled,
+    Stream,
+    as_stream,
+    no_progress,
+    spilled,
 )
 
 #: The stages a publish passes, in order; ``on_stage`` is called at each.
@@ -109,13 +121,15 @@ _BACKEND_MEMBERS = ["begin", "capabilities", "fingerprint", "load"]
 
 def publish(
     store: duckdb.DuckDBPyConnection | Backend,
-    batch: pa.Table | EngineBatch,
+    batch: pa.Table | EngineBatch | Stream | Spilled | Any,
     settings: WriteSettings,
     window: WriteWindow | None,
     *,
     now: datetime | None = None,
     on_stage: Callable[[str], None] | None = None,
     attempts: int = COMMIT_ATTEMPTS,
+    memory: str = DEFAULT_MEMORY,
+    progress: Progress = no_progress,
 ) -> PublishResult:
     """Check ``batch`` against every guard, then replace the window with it in one transaction.
 
@@ -123,12 +137,55 @@ def publish(
     Raises one of the :class:`~idem_assets.lib.model.errors.IdempotencyError` subclasses, with
     the transaction rolled back, when the write would not be safe to rerun.
 
+    ``batch`` is a pyarrow Table, or a stream (:mod:`idem_assets.lib.write.streams`: a
+    RecordBatchReader, an iterator of batches, a Polars LazyFrame, a DuckDB relation), which is
+    read once into a DuckDB table held under ``memory`` and spilled to disk past it; the guards
+    judge that copy and the write streams it out. ``progress`` hears how a streamed publish
+    goes (rows staged, guards passed, rows written).
+
     ``on_stage`` is a test hook for fault and crash injection: it is called with
     ``"guards_passed"``, ``"deleted"``, ``"inserted"`` and ``"before_commit"`` as the transaction
     reaches each point, so a test can raise (or kill the process) there and prove the old
     window survives. Production callers leave it unset.
     """
     backend = as_backend(store)
+    stream = batch if isinstance(batch, Spilled) else _stream_of(batch, settings)
+    if stream is None:
+        return _publish(backend, batch, settings, window, now, on_stage, attempts, no_progress)
+    with spilled(stream, spill_area(backend), memory, progress) as staged:
+        return _publish(
+            backend, staged.batch(), settings, window, now, on_stage, attempts, progress
+        )
+
+
+def _stream_of(batch: object, settings: WriteSettings) -> Stream | None:
+    """``batch`` as a stream when it is one; a table or an engine's batch is not."""
+    if isinstance(batch, pa.Table | EngineBatch):
+        return None
+    return as_stream(batch, settings.asset)
+
+
+def spill_area(backend: Backend) -> SpillArea:
+    """Where a streamed batch is staged for ``backend``: its own database, or the embedded one.
+
+    An engine whose guards read the batch in its own DuckDB connection (DuckDB itself) names it
+    with a ``spill_area()`` method; every other engine's guards read the embedded DuckDB.
+    """
+    own = getattr(backend, "spill_area", None)
+    return own() if own is not None else SpillArea(embedded_database(), temporary=False)
+
+
+def _publish(
+    backend: Backend,
+    batch: pa.Table | EngineBatch,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    now: datetime | None,
+    on_stage: Callable[[str], None] | None,
+    attempts: int,
+    progress: Progress,
+) -> PublishResult:
+    """Every attempt of one publish, until one commits, refuses, or all lost to other writers."""
     caps = backend.capabilities
     now = now or datetime.now(UTC)
     hook = on_stage or STAGE_HOOK.get() or _no_stage
@@ -138,7 +195,8 @@ def publish(
     for attempt in range(1, attempts + 1):
         try:
             with backend.begin(where) as tx:
-                result = _publish_in(tx, caps, batch, settings, window, where, now, hook)
+                result = _publish_in(tx, caps, batch, settings, window, where, now, hook, progress)
+            progress(f"Committed {where}: {result.table} holds {result.rows:,} rows there now.")
             return replace(result, committed=dict(tx.committed))
         except CommitConflict as exc:
             if attempt == attempts:
@@ -172,16 +230,20 @@ def _publish_in(
     where: str,
     now: datetime,
     on_stage: Callable[[str], None],
+    progress: Progress = no_progress,
 ) -> PublishResult:
     """Every step of one attempt, in the contract's order; the caller's ``with`` commits."""
     scope, summary = judge(tx, caps, batch, settings, window, where, now)
     snapshot = scope.snapshot
     on_stage("guards_passed")
+    progress(f"Every guard passed on the staged batch of {where}; writing it.")
     plan = WritePlan(scope, create=not snapshot.exists, claim=snapshot.owner is None)
     written = tx.write(plan, on_stage)
+    progress(f"Wrote {written.rows:,} rows of {where}; committing.")
     if written.owner is not None:
         # A concurrent first writer of another asset may have claimed the table meanwhile.
         guards.refuse_other_owner(settings, where, written.owner, snapshot)
+    guards.refuse_misplaced(scope, summary, written, caps.engine)
     on_stage("inserted")
     on_stage("before_commit")
     if caps.recheck_keys_at_commit and scope.settings.mode == "merge" and scope.pcols:
@@ -203,11 +265,12 @@ def judge(
     Raises the refusal the publish would raise; a plan (:mod:`idem_assets.lib.write.plan`)
     runs exactly these steps and writes nothing.
     """
+    guards.refuse_unsupported_expressions(settings, caps)
     snapshot = tx.describe(settings)
     guards.refuse_foreign(settings, where, snapshot, caps.engine)
     # A batch that stays in its engine is checked on its probe here, and whole once staged.
     probe, frame = (batch.probe, batch.frame) if isinstance(batch, EngineBatch) else (batch, batch)
-    fitted = fitting.fit(probe, settings, where, snapshot, caps)
+    fitted = fitting.fit(probe, settings, where, snapshot, caps, values_of(batch))
     staged = tx.stage(frame, fitted)
     scope = _scope(fitted, staged, snapshot, window, where)
     guards.refuse_unstorable_keys(scope, caps)

@@ -14,13 +14,15 @@ in the publish's own transaction, and :func:`fit_columns` still refuses whatever
 value (a narrower type, another type, a dropped column).
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from dataclasses import field as dataclass_field
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.errors import InvalidIdentifierError, SchemaMismatchError
 from idem_assets.lib.model.identifiers import validate_identifier
 from idem_assets.lib.model.samples import format_sample
@@ -313,7 +315,7 @@ def _refuse_unusable(
         if isinstance(t, pa.Decimal256Type):
             _refuse_decimal256(where, c, t)
     by_name = {c.lower(): c for c in batch_cols}
-    needed = list(settings.partition_names)
+    needed = [c for term in settings.partition_names for c in expressions.inputs(term)]
     needed += list(settings.primary_key) + list(settings.dedupe_order_by)
     absent = [c for c in dict.fromkeys(needed) if c.lower() not in by_name]
     if absent:
@@ -322,11 +324,12 @@ def _refuse_unusable(
             f" metadata names (partition_expr/primary_key/dedupe_order_by). Batch columns:"
             f" {list(batch_cols)}. Fix: add the column(s) to the batch, or correct the metadata."
         )
+    _refuse_zoned_inputs(settings, where, batch_cols, by_name)
     time = settings.time_column
     # A column with no type (an empty frame's object column) holds no value to misplace: the
     # guards judge such a batch, as empty or as NULL in a partition column.
     untyped = pa.types.is_null
-    if time:
+    if time and not expressions.is_expression(time):
         ptype = batch_cols[by_name[time.lower()]]
         if not (pa.types.is_date(ptype) or pa.types.is_timestamp(ptype) or untyped(ptype)):
             raise SchemaMismatchError(
@@ -336,6 +339,9 @@ def _refuse_unusable(
                 f" pd.to_datetime(df['{time}'])."
             )
     for column in settings.partition_names:
+        if expressions.is_expression(column):
+            # Its result type is fixed by the expression (a cast), whatever it reads.
+            continue
         ctype = batch_cols[by_name[column.lower()]]
         text = pa.types.is_string(ctype) or pa.types.is_large_string(ctype)
         if column == time or text or untyped(ctype):
@@ -348,6 +354,34 @@ def _refuse_unusable(
                 f" Nothing was changed. Fix: store the values as text, e.g. df['{column}'] ="
                 f" df['{column}'].astype(str) (an integer column works for integer keys)."
             )
+
+
+def _refuse_zoned_inputs(
+    settings: WriteSettings,
+    where: str,
+    batch_cols: dict[str, pa.DataType],
+    by_name: dict[str, str],
+) -> None:
+    """Refuse a ``partition_expr`` expression reading a timestamp with time zone.
+
+    Turning an instant into a date or a wall-clock time depends on the session's TimeZone,
+    which differs between the guards' evaluator, the engine and the next run's connection.
+    """
+    for term in settings.partition_names:
+        if not expressions.is_expression(term):
+            continue
+        for name in expressions.inputs(term):
+            kind = batch_cols[by_name[name.lower()]]
+            if pa.types.is_timestamp(kind) and kind.tz is not None:
+                raise SchemaMismatchError(
+                    f"Refused to write {where}: partition_expr {term} reads '{name}', a"
+                    f" timestamp with time zone ({kind}); a date or a wall-clock time made of"
+                    " it depends on the session's TimeZone setting, which differs between"
+                    " engines and connections, so two runs could place a row in different"
+                    " partitions. Nothing was changed. Fix: name the column itself,"
+                    f" metadata={{'partition_expr': '{name}'}}: the window then compares"
+                    " instants, in the partitions' own time zone."
+                )
 
 
 def _refuse_decimal256(where: str, column: str, decimal: pa.Decimal256Type) -> None:
@@ -493,7 +527,7 @@ def _evolution_hint(
 
 
 def refuse_lossy_values(
-    batch: pa.Table,
+    values: Callable[[], Iterator[pa.Table]],
     fits: Sequence[ColumnFit],
     settings: WriteSettings,
     where: str,
@@ -502,20 +536,30 @@ def refuse_lossy_values(
     """Refuse a checked conversion that would change any value of its column.
 
     Each value is cast to the stored type and back; one that comes back different would be
-    stored changed. Types are spelt as ``dialect`` spells them (Arrow's names without one).
+    stored changed. ``values`` gives the batch a bounded table at a time (a streamed batch is
+    read again only where a conversion needs checking). Types are spelt as ``dialect`` spells
+    them (Arrow's names without one).
     """
+    checked = [f for f in fits if f.conversion == "checked"]
+    if not checked:
+        return
+    lost: dict[str, tuple[int, list[Any]]] = {f.name: (0, []) for f in checked}
+    for chunk in values():
+        for fit in checked:
+            column = chunk.column(fit.name)
+            there = pc.cast(column, fit.stored_type, safe=False)
+            back = pc.cast(there, fit.type, safe=False)
+            found = column.filter(pc.fill_null(pc.not_equal(column, back), False))
+            if len(found):
+                count, examples = lost[fit.name]
+                smallest = pc.take(found, pc.sort_indices(found)[:3]).to_pylist()
+                lost[fit.name] = (count + len(found), sorted([*examples, *smallest])[:3])
     spelt = dialect.type_sql if dialect else str
-    for fit in fits:
-        if fit.conversion != "checked":
-            continue
-        values = batch.column(fit.name)
-        there = pc.cast(values, fit.stored_type, safe=False)
-        back = pc.cast(there, fit.type, safe=False)
-        lost = values.filter(pc.fill_null(pc.not_equal(values, back), False))
-        if len(lost):
-            examples = pc.take(lost, pc.sort_indices(lost)[:3]).to_pylist()
+    for fit in checked:
+        count, examples = lost[fit.name]
+        if count:
             raise SchemaMismatchError(
-                f"Refused to write {where}: {len(lost)} value(s) of '{fit.name}'"
+                f"Refused to write {where}: {count} value(s) of '{fit.name}'"
                 f" ({spelt(fit.type)}) are not exactly representable as"
                 f" {spelt(fit.stored_type)}, the type of {settings.schema}.{settings.table}."
                 f"{fit.stored_name}, e.g. {examples}; storing them would change them. Nothing"
@@ -555,7 +599,7 @@ def refuse_cut_names(
 
 
 def refuse_unstorable_text(
-    batch: pa.Table,
+    values: Callable[[], Iterator[pa.Table]],
     fits: Sequence[ColumnFit],
     settings: WriteSettings,
     where: str,
@@ -567,42 +611,82 @@ def refuse_unstorable_text(
 
     ``lengths`` maps a stored column to the characters it holds and its type as the engine
     spells it (``character varying(3)``); ``holds_nul`` is False where text cannot hold U+0000.
+    ``values`` gives the batch a bounded table at a time; it is read only where a column
+    needs the check.
     """
+    text = [
+        f
+        for f in fits
+        if pa.types.is_string(f.stored_type)
+        and f.type in _TEXT[0]
+        and (not holds_nul or f.stored_name in lengths)
+    ]
+    if not text:
+        return
+    found = {f.name: _TextFound() for f in text}
+    for chunk in values():
+        for fit in text:
+            found[fit.name].add(chunk, fit, None if holds_nul else "\x00", lengths)
     target = f"{dialect.sql_name(settings.schema)}.{dialect.sql_name(settings.table)}"
-    for fit in fits:
-        if not pa.types.is_string(fit.stored_type) or fit.type not in _TEXT[0]:
-            continue
-        values = batch.column(fit.name)
-        if not holds_nul:
-            nul = pc.fill_null(pc.match_substring(values, "\x00"), False)
-            count = pc.sum(nul).as_py() or 0
+    for fit in text:
+        seen = found[fit.name]
+        if seen.nul:
+            raise SchemaMismatchError(
+                f"Refused to write {where}: {seen.nul} value(s) of '{fit.name}' hold the"
+                f" character U+0000 (NUL), which {dialect.engine} text cannot store."
+                " Nothing was changed. Fix: remove it (or replace it) before returning the"
+                " batch, e.g."
+                f" df['{fit.name}'] = df['{fit.name}'].str.replace('\\x00', '',"
+                " regex=False). Sample:\n" + _rows_text(pa.concat_tables(seen.nul_rows))
+            )
+        if seen.over:
+            limit, spelt = lengths[fit.stored_name]
+            column = f"{target}.{dialect.sql_name(fit.stored_name)}"
+            raise SchemaMismatchError(
+                f"Refused to write {where}: {seen.over} value(s) of '{fit.name}' are longer than"
+                f" the {limit} characters {column} ({spelt}) holds, e.g. {seen.examples}. Nothing"
+                " was changed. Fix: widen the column (no stored value changes), then rerun:"
+                f" ALTER TABLE {target} ALTER COLUMN {dialect.sql_name(fit.stored_name)} TYPE"
+                f" {_widened(spelt, seen.longest)}; or shorten the values in the batch."
+            )
+
+
+@dataclass
+class _TextFound:
+    """What the text check found in one column so far."""
+
+    nul: int = 0
+    nul_rows: list[pa.Table] = dataclass_field(default_factory=list)
+    over: int = 0
+    longest: int = 0
+    examples: list[Any] = dataclass_field(default_factory=list)
+
+    def add(
+        self,
+        chunk: pa.Table,
+        fit: ColumnFit,
+        nul: str | None,
+        lengths: dict[str, tuple[int, str]],
+    ) -> None:
+        values = chunk.column(fit.name)
+        if nul is not None:
+            hit = pc.fill_null(pc.match_substring(values, nul), False)
+            count = pc.sum(hit).as_py() or 0
             if count:
-                rows = batch.filter(nul).slice(0, 5)
-                raise SchemaMismatchError(
-                    f"Refused to write {where}: {count} value(s) of '{fit.name}' hold the"
-                    f" character U+0000 (NUL), which {dialect.engine} text cannot store."
-                    " Nothing was changed. Fix: remove it (or replace it) before returning the"
-                    " batch, e.g."
-                    f" df['{fit.name}'] = df['{fit.name}'].str.replace('\\x00', '',"
-                    " regex=False). Sample:\n" + _rows_text(rows)
-                )
+                self.nul += count
+                shown = sum(t.num_rows for t in self.nul_rows)
+                if shown < 5:
+                    self.nul_rows.append(chunk.filter(hit).slice(0, 5 - shown))
         if fit.stored_name not in lengths:
-            continue
-        limit, spelt = lengths[fit.stored_name]
+            return
+        limit = lengths[fit.stored_name][0]
         size = pc.utf8_length(values)
         over = pc.fill_null(pc.greater(size, limit), False)
         count = pc.sum(over).as_py() or 0
         if count:
-            longest = pc.max(size).as_py()
-            examples = values.filter(over).slice(0, 3).to_pylist()
-            column = f"{target}.{dialect.sql_name(fit.stored_name)}"
-            raise SchemaMismatchError(
-                f"Refused to write {where}: {count} value(s) of '{fit.name}' are longer than the"
-                f" {limit} characters {column} ({spelt}) holds, e.g. {examples}. Nothing was"
-                " changed. Fix: widen the column (no stored value changes), then rerun:"
-                f" ALTER TABLE {target} ALTER COLUMN {dialect.sql_name(fit.stored_name)} TYPE"
-                f" {_widened(spelt, longest)}; or shorten the values in the batch."
-            )
+            self.over += count
+            self.longest = max(self.longest, pc.max(size).as_py() or 0)
+            self.examples += values.filter(over).slice(0, 3 - len(self.examples)).to_pylist()
 
 
 def _widened(spelt: str, length: int) -> str:

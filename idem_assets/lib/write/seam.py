@@ -14,13 +14,14 @@ protocols, its factory in ``tests/conformance/conftest.py`` and its docs page
 (docs/architecture.md says how).
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Cell, Region, WriteWindow
 from idem_assets.lib.sql.predicates import Statement
@@ -147,9 +148,15 @@ class Fitted:
 
     @property
     def partition_types(self) -> dict[str, pa.DataType]:
-        """Each stored partition column's type (window bounds and values depend on them)."""
+        """Each partition term's type (window bounds and values depend on them).
+
+        A stored column's own, or a ``partition_expr`` expression's result type.
+        """
         types = {c.stored_name: c.stored_type for c in self.columns}
-        return {c: types[c] for c in self.settings.partition_names}
+        return {
+            c: expressions.result_type(c) if expressions.is_expression(c) else types[c]
+            for c in self.settings.partition_names
+        }
 
 
 class Evaluator(Protocol):
@@ -179,11 +186,22 @@ class EngineBatch:
 
     frame: Any
     probe: pa.Table
+    #: Every row as Arrow, a bounded table at a time, for the checks that count values (lossy
+    #: casts, text the table cannot hold); ``None``: those checks read the probe (Spark's).
+    values: Callable[[], Iterator[pa.Table]] | None = None
 
 
 def probe_of(batch: "pa.Table | EngineBatch") -> pa.Table:
     """What the checks before staging read: an Arrow batch itself, or an engine batch's probe."""
     return batch.probe if isinstance(batch, EngineBatch) else batch
+
+
+def values_of(batch: "pa.Table | EngineBatch") -> Callable[[], Iterator[pa.Table]]:
+    """Where the checks that count values read them: the batch, or an engine batch's chunks."""
+    if isinstance(batch, EngineBatch):
+        values, probe = batch.values, batch.probe
+        return values if values is not None else lambda: iter([probe])
+    return lambda: iter([batch])
 
 
 @dataclass(frozen=True)
@@ -274,6 +292,10 @@ class Written:
     fingerprints: Fingerprints
     #: The owner recorded once the write claimed the table (a concurrent claim may have won).
     owner: str | None = None
+    #: The window's rows per partition of a range (the whole window's under ``None``) as the
+    #: engine's own SQL places them, where it evaluates a ``partition_expr`` expression itself
+    #: and the evaluator judged the batch in another dialect; ``None`` otherwise.
+    placed: Counts | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +332,13 @@ class Capabilities:
     #: Whether the engine's fingerprints are the embedded evaluator's hash sums, so a plan can
     #: predict the one a publish will record; Spark hashes rows with its own function.
     plan_predicts_fingerprints: bool = True
+    #: The sqlglot dialect the engine evaluates a ``partition_expr`` SQL expression in (its
+    #: deletes, counts and loads); ``None``: it lays its files out by the stored partition
+    #: column and scopes a write by that column only, so an expression is refused.
+    expression_dialect: str | None = None
+    #: Whether the staged batch's evaluator reads the target table too (DuckDB's one
+    #: connection): a plan then compares the two there instead of loading the window as Arrow.
+    evaluator_reads_target: bool = False
 
 
 @runtime_checkable
@@ -366,13 +395,16 @@ class Backend(Protocol):
         nothing: bool = False,
         arrow: bool = True,
         columns: Sequence[str] | None = None,
-    ) -> "pa.Table | pd.DataFrame | None":
+        stream: bool = False,
+    ) -> "pa.Table | pd.DataFrame | pa.RecordBatchReader | None":
         """The window's rows in partition order (every row without a window); ``None``: no table.
 
         ``nothing``: the table's columns and no row (a mapping to no upstream partition).
         ``arrow`` False: a pandas DataFrame, as the engine's own driver converts it.
         ``columns``: only those the table has (:func:`selected_columns`), read as the engine
         reads fewer columns; the caller refuses the ones it lacks.
+        ``stream``: a reader of bounded batches instead, valid while the backend is open, so
+        a window bigger than memory is read without being held whole.
         """
         ...
 

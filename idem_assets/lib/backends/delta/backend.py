@@ -21,8 +21,9 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
+import duckdb
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -45,7 +46,14 @@ from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Box, Region, WriteWindow, stored_region
 from idem_assets.lib.sql import statements
-from idem_assets.lib.write.evaluator import DuckDBEvaluator, embedded, stored_rows
+from idem_assets.lib.sql.predicates import Statement
+from idem_assets.lib.write.evaluator import (
+    DuckDBEvaluator,
+    StagedRows,
+    embedded,
+    reading,
+    staged_rows,
+)
 from idem_assets.lib.write.seam import (
     Capabilities,
     CommitConflict,
@@ -63,12 +71,15 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
+from idem_assets.lib.write.streams import Spilled
 
 if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
     import pandas as pd
 
 _TARGET_PREFIX = "idem-target-"
+#: What a commit writes: a table in memory, or the rows of a streamed batch read as they go.
+Rows: TypeAlias = pa.Table | pa.RecordBatchReader
 _PRUNABLE_KEY_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "VARCHAR", "DATE"}
 
 CAPABILITIES = Capabilities(
@@ -206,7 +217,8 @@ class DeltaBackend:
         nothing: bool = False,
         arrow: bool = True,
         columns: Sequence[str] | None = None,
-    ) -> "pa.Table | pd.DataFrame | None":
+        stream: bool = False,
+    ) -> "pa.Table | pd.DataFrame | pa.RecordBatchReader | None":
         """The window's rows (the whole table without one), in partition order."""
         found = self.open(self.uri(settings.schema, settings.table))
         if found is None:
@@ -220,11 +232,17 @@ class DeltaBackend:
         by_lower = {c.lower(): c for c in stored}
         order = [by_lower.get(c.lower(), c) for c in settings.partition_names]
         names = selected_columns(columns, stored)
-        with _reading() as ev:
+
+        def select(ev: DuckDBEvaluator) -> Statement:
             target = _register(ev, found, found.metadata().partition_columns, region)
-            q, p = statements.select_window(
+            return statements.select_window(
                 target, list(stored) if names is None else names, region, order, nothing
             )
+
+        if stream:
+            return reading(select)
+        with _reading() as ev:
+            q, p = select(ev)
             relation = ev.conn.sql(q, params=p)
             return relation.to_arrow_table() if arrow else relation.df()
 
@@ -266,13 +284,19 @@ class DeltaTransaction:
         self._table: _Table | None = None
         self._views: list[str] = []
         self._pending: Callable[[], int] | None = None
-        self._batch: pa.Table | None = None
+        self._batch: StagedRows | None = None
 
     def close(self, failed: bool) -> None:
         """Drop what this publish registered in the embedded DuckDB, and close its cursor."""
         try:
             for view in self._views:
-                self.evaluator.conn.execute(f"DROP VIEW IF EXISTS {view}")
+                try:
+                    self.evaluator.conn.execute(f"DROP VIEW IF EXISTS {view}").fetchall()
+                except duckdb.Error:
+                    # A commit that failed midway may leave a result open on the cursor: its
+                    # error is the one to report, and its temporary views go when it closes.
+                    if not failed:
+                        raise
             self.evaluator.release(failed)
         finally:
             self.evaluator.conn.close()
@@ -348,10 +372,10 @@ class DeltaTransaction:
             types_dialect=DeltaTypes(uri),
         )
 
-    def stage(self, batch: pa.Table, fitted: Fitted) -> Staged:
+    def stage(self, batch: pa.Table | Spilled, fitted: Fitted) -> Staged:
         """The batch cast to the stored names and types in Arrow, registered for the guards."""
-        self._batch = stored_rows(batch, fitted)
-        return Staged(relation=self.evaluator.register(self._batch), evaluator=self.evaluator)
+        self._batch = staged_rows(self.evaluator, batch, fitted)
+        return Staged(relation=self._batch.relation, evaluator=self.evaluator)
 
     def _target(self, scope: Scope, whole: bool = False) -> str:
         snap = self._current()
@@ -449,12 +473,35 @@ class DeltaTransaction:
             sample = found.drop_columns([c for c in found.column_names if c == DAY_COLUMN])
         return Summary(existing, matched, elsewhere, sample)
 
-    def _stored(self, batch: pa.Table, settings: WriteSettings) -> pa.Table:
-        """``batch`` in the table's layout: with :data:`DAY_COLUMN` where the table has one."""
+    def _stored(self, written: str, settings: WriteSettings) -> Callable[[], Rows]:
+        """The rows of ``written`` laid out as the table is (its :data:`DAY_COLUMN`).
+
+        A table in memory, or for a streamed batch a reader made anew for each read.
+        """
         snap = self._current()
         # A table another tool made keeps its own layout: its files are never given the day.
         day_from = settings.time_column if snap.table is None or snap.partitioned else None
-        return with_day(batch, day_from)
+        staged = self._staged()
+        if not staged.streamed:
+            table = with_day(staged.reader(written).read_all(), day_from)
+            return lambda: table
+
+        def stream() -> pa.RecordBatchReader:
+            found = staged.reader(written)
+            schema = with_day(found.schema.empty_table(), day_from).schema
+            laid_out = (
+                b
+                for part in found
+                for b in with_day(pa.Table.from_batches([part]), day_from).to_batches()
+            )
+            return pa.RecordBatchReader.from_batches(schema, laid_out)
+
+        return stream
+
+    def _staged(self) -> StagedRows:
+        if self._batch is None:
+            raise RuntimeError("stage() must run before a write")
+        return self._batch
 
     def _predicate(self, scope: Scope, alias: str | None = None) -> str | None:
         """The window as a Delta predicate, ``None`` without one (the whole table)."""
@@ -467,42 +514,43 @@ class DeltaTransaction:
         """Hold back one commit: a predicate overwrite of the window, or one scoped merge."""
         scope = plan.scope
         settings = scope.settings
-        assert self._batch is not None
-        batch = self._batch
+        staged = self._staged()
+        names = list(staged.schema.names)
         adds = any(c.action == "add_column" for c in scope.fitted.changes)
+        written, rows = staged.relation, staged.num_rows
         if settings.mode == "merge" and settings.dedupe_order_by:
-            names = list(batch.column_names)
             q = statements.dedupe(
                 scope.staged.relation.strip('"'), scope.key, settings.dedupe_order_by, names
             )
-            batch = self.evaluator.arrow(q)
+            written = self.evaluator.view(q)
+            rows = self.evaluator.one(f"SELECT count(*) FROM {written}")[0]
         on_stage("deleted")
         snap = self._current()
-        data = self._stored(batch, settings)
-        after = self._after(scope, data)
+        data = self._stored(written, settings)
+        after = self._after(scope, written, names)
         if settings.mode == "overwrite" or snap.table is None:
             self._pending = self._overwrite(scope, data, adds)
         elif adds:
             # delta-rs's schema-merging MERGE commits the table's metadata without its name,
             # which records the owner: the window as the merge leaves it is written instead,
             # as the window's overwrite (one commit, the name kept).
-            merged = self.evaluator.arrow(f"SELECT * FROM {after}")
+            merged = self.evaluator.create(f"SELECT * FROM {after}")
             self._pending = self._overwrite(scope, self._stored(merged, settings), adds)
         else:
             self._pending = self._merge(scope, data)
-        return Written(rows=data.num_rows, fingerprints=self._fingerprints(scope, after, data))
+        return Written(rows=rows, fingerprints=self._fingerprints(scope, after, names))
 
-    def _overwrite(self, scope: Scope, data: pa.Table, adds: bool) -> Callable[[], int]:
+    def _overwrite(self, scope: Scope, data: Callable[[], Rows], adds: bool) -> Callable[[], int]:
         """The commit that replaces the window with ``data`` (or creates the table with it)."""
         snap = self._current()
         where = self._predicate(scope)
 
         def commit() -> int:
             if snap.table is None:
-                return self._create(scope, snap, data)
+                return self._create(scope, snap, data())
             write_deltalake(
                 snap.table,
-                data,
+                data(),
                 mode="overwrite",
                 predicate=where,
                 schema_mode="merge" if adds else None,
@@ -513,7 +561,7 @@ class DeltaTransaction:
 
         return commit
 
-    def _merge(self, scope: Scope, data: pa.Table) -> Callable[[], int]:
+    def _merge(self, scope: Scope, data: Callable[[], Rows]) -> Callable[[], int]:
         """The commit of one ``DeltaTable.merge``: update matched, insert new, delete stale."""
         settings, snap = scope.settings, self._current()
         table = snap.table
@@ -527,7 +575,7 @@ class DeltaTransaction:
         def commit() -> int:
             merger = (
                 table.merge(
-                    data,
+                    data(),
                     on,
                     source_alias="s",
                     target_alias="t",
@@ -544,7 +592,7 @@ class DeltaTransaction:
 
         return commit
 
-    def _create(self, scope: Scope, snap: _Table, data: pa.Table) -> int:
+    def _create(self, scope: Scope, snap: _Table, data: Rows) -> int:
         """Create the table holding the batch, named after its owner: one commit, version 0.
 
         The publish decided on no table, so only version 0 may hold its batch. ``mode='error'``
@@ -557,7 +605,7 @@ class DeltaTransaction:
             snap.uri,
             data,
             mode="error",
-            partition_by=delta_partitions(scope.settings, data) or None,
+            partition_by=delta_partitions(scope.settings, data.schema) or None,
             name=OWNER_PREFIX + scope.settings.asset,
             configuration=self.backend.table_config,
             storage_options=self.backend.storage_options,
@@ -573,11 +621,9 @@ class DeltaTransaction:
             return None
         return CommitProperties(custom_metadata=custom, **options)
 
-    def _after(self, scope: Scope, data: pa.Table) -> str:
+    def _after(self, scope: Scope, written: str, columns: list[str]) -> str:
         """A relation holding the window as the pending commit leaves it (without the day)."""
         ev = self.evaluator
-        written = ev.register(data, _TARGET_PREFIX)
-        columns = [c for c in data.column_names if c != DAY_COLUMN]
         cols = ", ".join(quote(c) for c in columns)
         relation = f"SELECT {cols} FROM {written}"
         settings = scope.settings
@@ -599,7 +645,7 @@ class DeltaTransaction:
         self._views.append(name)
         return name
 
-    def _fingerprints(self, scope: Scope, after: str, data: pa.Table) -> Fingerprints:
+    def _fingerprints(self, scope: Scope, after: str, columns: list[str]) -> Fingerprints:
         """Count and hash sum of the window as the held-back commit leaves it.
 
         Computed from the staged batch (and, for a merge, the snapshot's window rows the batch
@@ -607,7 +653,6 @@ class DeltaTransaction:
         a function of the rows alone, whatever files hold them.
         """
         ev = self.evaluator
-        columns = [c for c in data.column_names if c != DAY_COLUMN]
         relation = after.strip('"')
         if scope.cells:
             q = statements.partition_fingerprints(relation, columns, scope.cells)

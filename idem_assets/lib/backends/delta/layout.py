@@ -197,7 +197,7 @@ def region_filter(
     return conjunctions or None
 
 
-def delta_partitions(settings: WriteSettings, batch: pa.Table) -> list[str]:
+def delta_partitions(settings: WriteSettings, batch: pa.Schema) -> list[str]:
     """The partition columns a new table gets: the derived day, then each category column.
 
     A category dimension's column is a Delta partition column itself: its values are the
@@ -207,7 +207,7 @@ def delta_partitions(settings: WriteSettings, batch: pa.Table) -> list[str]:
     do. A time column is never one (a directory per instant): its day is. Without any
     partition dimension the table is not partitioned.
     """
-    day = [DAY_COLUMN] if DAY_COLUMN in batch.column_names else []
+    day = [DAY_COLUMN] if DAY_COLUMN in batch.names else []
     return day + [c for c in settings.partition_names if c != settings.time_column]
 
 

@@ -44,6 +44,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
+from idem_assets.lib.write.streams import CHUNK_ROWS, SpillArea, Spilled
 
 if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
@@ -63,6 +64,8 @@ CAPABILITIES = Capabilities(
     commit="transaction",
     # DuckDB's cast rounds a finer timestamp to a coarser column's unit.
     timestamps="round",
+    expression_dialect="duckdb",
+    evaluator_reads_target=True,
 )
 
 
@@ -112,6 +115,10 @@ class DuckDBBackend:
         finally:
             tx.evaluator.release(failed)
 
+    def spill_area(self) -> SpillArea:
+        """A streamed batch is staged in this connection, so the write copies it in the engine."""
+        return SpillArea(self.conn, temporary=True)
+
     def fingerprint(
         self, table: TableRef, partition_columns: PartitionColumns, window: WriteWindow | None
     ) -> tuple[int, int] | None:
@@ -134,7 +141,8 @@ class DuckDBBackend:
         nothing: bool = False,
         arrow: bool = True,
         columns: Sequence[str] | None = None,
-    ) -> "pa.Table | pd.DataFrame | None":
+        stream: bool = False,
+    ) -> "pa.Table | pd.DataFrame | pa.RecordBatchReader | None":
         """The window's rows (the whole table without one), in partition order."""
         cols = table_columns(self.conn, settings.schema, settings.table)
         if cols is None:
@@ -151,6 +159,8 @@ class DuckDBBackend:
             (settings.schema, settings.table), names, region, order, nothing
         )
         relation = self.conn.sql(q, params=p)
+        if stream:
+            return relation.to_arrow_reader(CHUNK_ROWS)
         return relation.to_arrow_table() if arrow else relation.df()
 
 
@@ -209,9 +219,12 @@ class DuckDBTransaction:
             ),
         )
 
-    def stage(self, batch: pa.Table, fitted: Fitted) -> Staged:
-        """Register the batch and, where a type or name differs, a view casting it as stored."""
-        raw = self.evaluator.register(batch)
+    def stage(self, batch: pa.Table | Spilled, fitted: Fitted) -> Staged:
+        """Register the batch and, where a type or name differs, a view casting it as stored.
+
+        A streamed batch is already a table of this connection (:meth:`DuckDBBackend.spill_area`).
+        """
+        raw = batch.relation if isinstance(batch, Spilled) else self.evaluator.register(batch)
         stored = {c.stored_name: self._stored_sql(c, fitted) for c in fitted.columns}
         expressions = [(c, _stored_expression(c, stored[c.stored_name])) for c in fitted.columns]
         source = raw

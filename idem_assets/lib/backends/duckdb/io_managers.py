@@ -11,6 +11,7 @@ from idem_assets.lib.backends.duckdb.backend import DuckDBBackend
 from idem_assets.lib.backends.duckdb.connections import duckdb_connection
 from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
 from idem_assets.lib.model.settings import WriteMode, WriteSettings
+from idem_assets.lib.write.seam import Capabilities
 
 
 class _DuckDBIOManager(IdempotentIOManager):
@@ -30,6 +31,7 @@ class _DuckDBIOManager(IdempotentIOManager):
             yield DuckDBBackend(conn)
 
     storage_kind: ClassVar[str] = "duckdb"
+    capabilities: ClassVar[Capabilities | None] = DuckDBBackend.capabilities
 
     def _location(self) -> str:
         return self.database

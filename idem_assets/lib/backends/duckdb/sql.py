@@ -6,7 +6,7 @@ rendered in DuckDB's dialect.
 
 from collections.abc import Sequence
 
-from idem_assets.lib.sql.statements import columns
+from idem_assets.lib.sql.predicates import terms
 
 
 def table_columns() -> str:
@@ -42,5 +42,5 @@ def insert_by_name(target: str, source: str, order_by: Sequence[str] = ()) -> st
     """
     order = ""
     if order_by:
-        order = " ORDER BY " + ", ".join(c.sql("duckdb") for c in columns(order_by))
+        order = " ORDER BY " + ", ".join(c.sql("duckdb") for c in terms(order_by))
     return f"INSERT INTO {target} BY NAME SELECT * FROM {source}{order}"

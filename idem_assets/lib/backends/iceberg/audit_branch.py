@@ -53,7 +53,7 @@ def publish_audited(
     """
     if table is None:
         empty = Change(
-            batch=change.batch.slice(0, 0),
+            batch=change.columns.empty_table(),
             scope=change.scope,
             region=change.region,
             properties=change.properties,

@@ -46,7 +46,13 @@ from idem_assets.lib.model.identifiers import quote, validate_identifier
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import WriteWindow, stored_region
 from idem_assets.lib.sql import statements
-from idem_assets.lib.write.evaluator import DuckDBEvaluator, embedded, stored_rows
+from idem_assets.lib.write.evaluator import (
+    DuckDBEvaluator,
+    StagedRows,
+    embedded,
+    reading,
+    staged_rows,
+)
 from idem_assets.lib.write.schema_fit import evolved
 from idem_assets.lib.write.seam import (
     Capabilities,
@@ -65,6 +71,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
+from idem_assets.lib.write.streams import Spilled
 
 if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
@@ -183,7 +190,8 @@ class IcebergBackend:
         nothing: bool = False,
         arrow: bool = True,
         columns: Sequence[str] | None = None,
-    ) -> "pa.Table | pd.DataFrame | None":
+        stream: bool = False,
+    ) -> "pa.Table | pd.DataFrame | pa.RecordBatchReader | None":
         """The window's rows (the whole table without one), in partition order."""
         found = self.open(settings.schema, settings.table)
         if found is None:
@@ -194,6 +202,8 @@ class IcebergBackend:
         names = selected_columns(columns, stored)
         # The files are read for the selected columns and those the window and order need.
         read = None if names is None else [*names, *(c for c in order if c not in names)]
+        if stream:
+            return self._streamed(found, settings, window, nothing, read, names, order)
         if nothing:
             rows = pa.table({c: pa.array([], t) for c, t in stored.items()})
         else:
@@ -202,6 +212,66 @@ class IcebergBackend:
             rows = rows.sort_by([(c, "ascending") for c in order])
         rows = rows if names is None else rows.select(names)
         return rows if arrow else rows.to_pandas()
+
+    def _streamed(
+        self,
+        table: IcebergTable,
+        settings: WriteSettings,
+        window: WriteWindow | None,
+        nothing: bool,
+        read: Sequence[str] | None,
+        names: Sequence[str] | None,
+        order: Sequence[str],
+    ) -> pa.RecordBatchReader:
+        """The window read a data file at a time into the embedded DuckDB, then in order.
+
+        Each file is filtered to the window as it is read, and DuckDB sorts the rows (spilling
+        to disk past its memory limit), so no step holds the window whole.
+        """
+        stored = arrow_columns(table.schema())
+        wanted = list(names) if names is not None else list(stored)
+        schema = pa.schema([pa.field(c, stored[c]) for c in wanted])
+        region = stored_region(
+            None if nothing else window,
+            settings.partition_columns,
+            stored,
+            ".".join(table.name()[-2:]),
+        )
+        tasks = [] if nothing else files.plan(table, region_filter(region, stored))
+        columns = list(read) if read is not None else []
+
+        def parts() -> Iterator[pa.RecordBatch]:
+            for task in tasks:
+                rows = files.in_region(files.read(table.metadata, table, [task], columns), region)
+                full = rows.cast(pa.schema([pa.field(c, stored[c]) for c in rows.column_names]))
+                yield from full.select(wanted).to_batches()
+
+        sorted_by = ", ".join(quote(c) for c in order)
+
+        def query(ev: DuckDBEvaluator) -> str:
+            relation = ev.create(pa.RecordBatchReader.from_batches(schema, parts()))
+            return f"SELECT * FROM {relation}" + (f" ORDER BY {sorted_by}" if order else "")
+
+        return reading(query, schema)
+
+
+#: Rows of a streamed batch written as one table's files: fewer, larger data files than one
+#: per batch DuckDB reads back, in bounded memory (about 60 MB of a trip's 8 columns).
+FILE_ROWS = 1_048_576
+
+
+def _grouped(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.Table]:
+    """``reader``'s batches gathered into tables of about ``rows`` rows."""
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for batch in reader:
+        held.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(held, reader.schema)
+            held, count = [], 0
+    if held:
+        yield pa.Table.from_batches(held, reader.schema)
 
 
 @contextmanager
@@ -228,7 +298,7 @@ class IcebergTransaction:
         self._table: IcebergTable | None = None
         #: Columns as a scan returns them, ``None`` without a table.
         self._columns: dict[str, pa.DataType] | None = None
-        self._batch: pa.Table | None = None
+        self._batch: StagedRows | None = None
         self._window_rows: str | None = None
         self._pending: Callable[[], IcebergTable] | None = None
 
@@ -278,10 +348,10 @@ class IcebergTransaction:
             ),
         )
 
-    def stage(self, batch: pa.Table, fitted: Fitted) -> Staged:
+    def stage(self, batch: pa.Table | Spilled, fitted: Fitted) -> Staged:
         """The batch cast to the stored names and types in Arrow, registered for the guards."""
-        self._batch = stored_rows(batch, fitted)
-        return Staged(relation=self.evaluator.register(self._batch), evaluator=self.evaluator)
+        self._batch = staged_rows(self.evaluator, batch, fitted)
+        return Staged(relation=self._batch.relation, evaluator=self.evaluator)
 
     def _existing(self) -> IcebergTable:
         assert self._table is not None, "only an existing table is read"
@@ -300,8 +370,7 @@ class IcebergTransaction:
         """Target rows of files whose key bounds may hold a key of the batch, registered."""
         table = self._existing()
         key = scope.key
-        assert self._batch is not None
-        touches = files.key_overlap(table.schema(), key[0], self._batch.column(key[0]))
+        touches = files.key_overlap(table.schema(), key[0], self._keys(scope).column(key[0]))
         tasks = [t for t in files.plan(table, region_filter((), {})) if touches(t.file)]
         rows = files.read(table.metadata, table, tasks)
         return self.evaluator.register(rows, _PREFIX).strip('"')
@@ -355,23 +424,36 @@ class IcebergTransaction:
         """Hold back one snapshot: the window replaced, or the batch's keys (a merge)."""
         scope = plan.scope
         settings = scope.settings
-        assert self._batch is not None
-        batch = self._batch
+        staged = self._staged()
+        names = list(staged.schema.names)
+        written, rows = staged.relation, staged.num_rows
         if settings.mode == "merge" and settings.dedupe_order_by:
             q = statements.dedupe(
-                scope.staged.relation.strip('"'),
-                scope.key,
-                settings.dedupe_order_by,
-                batch.column_names,
+                scope.staged.relation.strip('"'), scope.key, settings.dedupe_order_by, names
             )
-            batch = self.evaluator.arrow(q).cast(batch.schema)
+            written = self.evaluator.create(q[0])
+            rows = self.evaluator.one(f"SELECT count(*) FROM {written}")[0]
         on_stage("deleted")
         key = tuple(scope.key) if settings.mode == "merge" and not settings.delete_missing else ()
-        change = self._change(scope, batch, key, plan.claim)
+        change = self._change(scope, written, key, plan.claim)
         self._pending = self._committer(scope, change, on_stage)
-        return Written(rows=batch.num_rows, fingerprints=self._fingerprints(scope, batch))
+        return Written(rows=rows, fingerprints=self._fingerprints(scope, written, names))
 
-    def _change(self, scope: Scope, batch: pa.Table, key: tuple[str, ...], claim: bool) -> Change:
+    def _staged(self) -> StagedRows:
+        if self._batch is None:
+            raise RuntimeError("stage() must run before a write")
+        return self._batch
+
+    def _keys(self, scope: Scope) -> pa.Table:
+        """The batch's key columns, as stored: what a merge looks its keys up by."""
+        staged = self._staged()
+        if not staged.streamed:
+            return staged.whole().select(scope.key)
+        cols = ", ".join(quote(k) for k in scope.key)
+        keys = self.evaluator.arrow(f"SELECT DISTINCT {cols} FROM {staged.relation}")
+        return keys.cast(pa.schema([staged.schema.field(k) for k in scope.key]))
+
+    def _change(self, scope: Scope, written: str, key: tuple[str, ...], claim: bool) -> Change:
         """What the held-back commit writes: the batch over the window, owner and schema."""
         changes = scope.fitted.changes
         evolved_schema = None
@@ -382,8 +464,19 @@ class IcebergTransaction:
         if scope.window is not None:
             summary[PARTITIONS_SUMMARY] = scope.window.describe()
         types = {**(self._columns or {}), **scope.fitted.partition_types}
+        staged = self._staged()
+        if staged.streamed:
+            # Read when the commit writes its files, a bounded table at a time.
+            def chunks() -> Iterator[pa.Table]:
+                return _grouped(staged.reader(written), FILE_ROWS)
+
+            batch, streamed = (self._keys(scope) if key else staged.schema.empty_table()), chunks
+        else:
+            batch, streamed = staged.reader(written).read_all(), None
         return Change(
             batch=batch,
+            chunks=streamed,
+            schema=staged.schema,
             scope=region_filter(scope.region, types),
             region=scope.region,
             key=key,
@@ -424,7 +517,7 @@ class IcebergTransaction:
 
         return commit
 
-    def _fingerprints(self, scope: Scope, batch: pa.Table) -> Fingerprints:
+    def _fingerprints(self, scope: Scope, written: str, columns: list[str]) -> Fingerprints:
         """Count and hash sum of the window as the held-back commit leaves it.
 
         Computed from the staged batch (and, for an upsert, the window's rows whose key the
@@ -432,18 +525,16 @@ class IcebergTransaction:
         the stored rows.
         """
         ev = self.evaluator
-        columns = list(batch.column_names)
-        after = self._after(scope, batch, columns)
+        after = self._after(scope, written, columns)
         if scope.cells:
             q = statements.partition_fingerprints(after, columns, scope.cells)
             return {k: (n, d) for k, n, d in ev.rows(q)}
         count, digest = ev.one(statements.fingerprint(after, columns, scope.region))
         return {None: (count, digest)}
 
-    def _after(self, scope: Scope, batch: pa.Table, columns: list[str]) -> str:
+    def _after(self, scope: Scope, written: str, columns: list[str]) -> str:
         """A relation holding the window as the pending commit leaves it."""
         ev = self.evaluator
-        written = ev.register(batch, _PREFIX)
         cols = ", ".join(quote(c) for c in columns)
         relation = f"SELECT {cols} FROM {written}"
         settings = scope.settings
@@ -457,4 +548,6 @@ class IcebergTransaction:
                 f" UNION ALL SELECT {kept} FROM {quote(self._window(scope))} t"
                 f" ANTI JOIN {written} s ON {on}"
             )
-        return ev.register(ev.arrow(relation), _PREFIX).strip('"')
+        if relation == f"SELECT {cols} FROM {written}":
+            return written.strip('"')
+        return ev.create(relation, _PREFIX).strip('"')

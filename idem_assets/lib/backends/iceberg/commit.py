@@ -21,7 +21,7 @@ files of the table's spec (pyiceberg 0.12 is pinned; tests/iceberg cover it).
 # pyright: reportAttributeAccessIssue=false
 import itertools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -59,7 +59,8 @@ ASSET_SUMMARY, PARTITIONS_SUMMARY = "idem_assets.asset", "idem_assets.partitions
 class Change:
     """What one publish commits: rows to add, the scope they replace, what else changes."""
 
-    #: The rows to append, as stored (names and types of the table).
+    #: The rows to append, as stored (names and types of the table): in memory, or for a
+    #: streamed batch its key columns only, the rows coming from :attr:`chunks`.
     batch: pa.Table
     #: The window as a row filter (``AlwaysTrue`` for the whole table) and as a region.
     scope: BooleanExpression
@@ -72,6 +73,19 @@ class Change:
     #: The table's Arrow schema after this publish's schema changes, ``None`` for none.
     evolved: pa.Schema | None = None
     snapshot_properties: dict[str, str] = field(default_factory=dict)
+    #: A streamed batch's rows, a bounded table at a time (``None``: :attr:`batch` holds them).
+    chunks: Callable[[], Iterator[pa.Table]] | None = None
+    #: The appended rows' columns, where :attr:`batch` holds only the keys.
+    schema: pa.Schema | None = None
+
+    def rows(self) -> Iterator[pa.Table]:
+        """The rows to append, a table at a time."""
+        return self.chunks() if self.chunks is not None else iter([self.batch])
+
+    @property
+    def columns(self) -> pa.Schema:
+        """The appended rows' columns."""
+        return self.schema if self.schema is not None else self.batch.schema
 
 
 @dataclass
@@ -147,7 +161,9 @@ def stage(tx: Transaction, table: IcebergTable, change: Change, branch: str = MA
         plan.rewritten += 1
         plan.kept_rows += kept.num_rows
         _append(producer, metadata, table, kept, write_id, counter)
-    plan.added = _append(producer, metadata, table, change.batch, write_id, counter)
+    plan.added = sum(
+        _append(producer, metadata, table, rows, write_id, counter) for rows in change.rows()
+    )
     producer.commit()
     return plan
 
@@ -181,14 +197,22 @@ def create(
     A first writer that created it meanwhile makes this commit fail (lost), and the publish
     starts over on that writer's table.
     """
-    schema = iceberg_schema(change.batch.schema)
+    schema = iceberg_schema(change.columns)
     spec = partition_spec(schema, time_column, categories)
     ensure_namespace(catalog, identifier[0])
     tx = catalog.create_table_transaction(
         identifier, schema=schema, partition_spec=spec, properties={**LAYOUT, **change.properties}
     )
-    if change.batch.num_rows:
-        tx.append(change.batch, snapshot_properties=change.snapshot_properties)
+    if change.chunks is None:
+        if change.batch.num_rows:
+            tx.append(change.batch, snapshot_properties=change.snapshot_properties)
+        return tx.commit_transaction()
+    # A streamed batch: its files written a chunk at a time, all added by one snapshot.
+    producer = tx._append_snapshot_producer(change.snapshot_properties)  # pyright: ignore[reportPrivateUsage]
+    counter = itertools.count(0)
+    with producer as append:
+        for rows in change.rows():
+            _append(append, tx.table_metadata, tx._table, rows, append.commit_uuid, counter)  # pyright: ignore[reportPrivateUsage]
     return tx.commit_transaction()
 
 

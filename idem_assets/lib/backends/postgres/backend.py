@@ -8,6 +8,7 @@ never double it while writers of other partitions run in parallel; readers are n
 travel as Arrow over the ADBC driver's binary COPY.
 """
 
+import itertools
 import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -26,14 +27,16 @@ from idem_assets.lib.backends.postgres.types import (
     text_lengths,
     timestamp_digits,
 )
+from idem_assets.lib.model import expressions
 from idem_assets.lib.model.errors import ConfigurationError, SchemaMismatchError
 from idem_assets.lib.model.identifiers import qualified, quote, validate_identifier
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Region, WriteWindow, stored_region
 from idem_assets.lib.sql import statements
-from idem_assets.lib.sql.predicates import Statement
+from idem_assets.lib.sql.predicates import Statement, has_expression
 from idem_assets.lib.sql.statements import Rel
-from idem_assets.lib.write.evaluator import embedded, stored_rows
+from idem_assets.lib.write.evaluator import Counted as _Counted
+from idem_assets.lib.write.evaluator import StagedRows, embedded, staged_rows
 from idem_assets.lib.write.schema_fit import StoredDigits, change_sql
 from idem_assets.lib.write.seam import (
     Capabilities,
@@ -52,6 +55,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
+from idem_assets.lib.write.streams import Spilled
 
 if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
@@ -227,6 +231,7 @@ CAPABILITIES = Capabilities(
     text_holds_nul=False,
     max_name_bytes=DIALECT.name_bytes,
     recheck_keys_at_commit=True,
+    expression_dialect="postgres",
 )
 
 
@@ -328,7 +333,8 @@ class PostgresBackend:
         nothing: bool = False,
         arrow: bool = True,
         columns: Sequence[str] | None = None,
-    ) -> "pa.Table | pd.DataFrame | None":
+        stream: bool = False,
+    ) -> "pa.Table | pd.DataFrame | pa.RecordBatchReader | None":
         """The window's rows (the whole table without one), in partition order."""
         cols = self._columns(settings.schema, settings.table)
         if cols is None:
@@ -344,6 +350,17 @@ class PostgresBackend:
         self._run(
             statements.select_window(target, names, region, order, nothing, dialect="postgres")
         )
+        if stream:
+            # The driver fetches the result from the server batch by batch as it is read.
+            batches = (_as_stored(b, types) for b in self.cur.fetch_record_batch())
+            first = next(batches, None)
+            schema = (
+                first.schema
+                if first is not None
+                else pa.schema([(c, types[c]) for c in (names or list(cols))])
+            )
+            head = [] if first is None else [first]
+            return pa.RecordBatchReader.from_batches(schema, itertools.chain(head, batches))
         table = _as_stored(self.cur.fetch_arrow_table(), types)
         return table if arrow else table.to_pandas()
 
@@ -376,7 +393,7 @@ class PostgresTransaction:
         self._described: dict[str, str] | None = None
         self._owners_exist = False
         self._owners_at = ""
-        self._stored: pa.Table | None = None
+        self._stored: StagedRows | None = None
         self._keys = ""
         self._key_ranges: list[tuple[Any, Any]] = []
         self._locked = False
@@ -452,12 +469,13 @@ class PostgresTransaction:
         found = self._rows(sql.numeric_digits(_name_sql(settings), column))[0]
         return StoredDigits(found[0] or 0, found[1] or 0, found[2] is not False)
 
-    def stage(self, batch: pa.Table, fitted: Fitted) -> Staged:
+    def stage(self, batch: pa.Table | Spilled, fitted: Fitted) -> Staged:
         """The batch cast to the stored names, types and rounding in Arrow, for the guards."""
-        self._stored = stored_rows(batch, fitted)
-        relation = self.evaluator.register(self._stored)
-        sent = self.evaluator.register(batch) if fitted.rounds else ""
-        return Staged(relation=relation, evaluator=self.evaluator, sent=sent)
+        self._stored = staged_rows(self.evaluator, batch, fitted)
+        sent = ""
+        if fitted.rounds:
+            sent = batch.relation if isinstance(batch, Spilled) else self.evaluator.register(batch)
+        return Staged(relation=self._stored.relation, evaluator=self.evaluator, sent=sent)
 
     def _lock(self, scope: Scope) -> None:
         """Wait for every other writer of this window: one lock per partition, sorted.
@@ -550,7 +568,8 @@ class PostgresTransaction:
         if not self._keys:
             kc = ", ".join(quote(k) for k in scope.key)
             source = scope.staged.relation
-            keys = self.evaluator.arrow(f"SELECT DISTINCT {kc} FROM {source}")
+            # Read as they go: a streamed merge's keys need not fit in memory.
+            keys = self.evaluator.reader(f"SELECT DISTINCT {kc} FROM {source}")
             name = KEYS_PREFIX + uuid.uuid4().hex
             self.cur.adbc_ingest(name, keys, mode="create", temporary=True)
             self._keys = name
@@ -612,15 +631,18 @@ class PostgresTransaction:
         fits = scope.fitted.columns
         columns = [(f.stored_name, DIALECT.type_sql(f.stored_type)) for f in fits]
         self._run(sql.create_table(_name_sql(s), columns))
-        if s.partition_names:
+        indexed = [c for c in s.partition_names if not expressions.is_expression(c)]
+        if indexed:
             # Every count, delete, fingerprint and load of a window then reads only its rows.
             # One B-tree over the partition columns, time first: a time window is a range of
             # its leading column. A static or dynamic partition is its value's rows, scattered
             # over the table by the runs that wrote them, so a BRIN would not narrow it; the
             # B-tree finds them by equality. Its upkeep is paid per row copied, while the scan
             # it spares grows with the table (500k rows of 200 values: one value's DELETE took
-            # 17-30 ms instead of 45-60 ms, the COPY of all of them 0.4-0.9 s more).
-            self._run(sql.create_index(_name_sql(s), list(s.partition_names)))
+            # 17-30 ms instead of 45-60 ms, the COPY of all of them 0.4-0.9 s more). A
+            # partition_expr expression is not indexed: PostgreSQL indexes only IMMUTABLE
+            # expressions, and its casts of text to dates depend on DateStyle.
+            self._run(sql.create_index(_name_sql(s), indexed))
         keys = [f for f in fits if f.stored_name in s.primary_key]
         # boolean has no BRIN operator class.
         if s.mode == "merge" and keys and not any(pa.types.is_boolean(f.stored_type) for f in keys):
@@ -654,61 +676,81 @@ class PostgresTransaction:
                 )
             )
         on_stage("deleted")
-        rows = self._staged_rows()
+        staged = self._staged_rows()
+        names = list(staged.schema.names)
+        written = staged.relation
         if settings.mode == "merge" and settings.dedupe_order_by:
-            names = [f.stored_name for f in scope.fitted.columns]
             q = statements.dedupe(_source(scope), scope.key, settings.dedupe_order_by, names)
-            rows = self.evaluator.arrow(q).select(rows.column_names).cast(rows.schema)
-        self.cur.adbc_ingest(settings.table, rows, mode="append", db_schema_name=settings.schema)
+            written = self.evaluator.view(q)
+        rows = _Counted(staged.reader(written))
+        self.cur.adbc_ingest(
+            settings.table, rows.reader(), mode="append", db_schema_name=settings.schema
+        )
         return Written(
-            rows=rows.num_rows, fingerprints=self._fingerprints(scope, rows), owner=owner
+            rows=rows.rows,
+            fingerprints=self._fingerprints(scope, written.strip('"'), names),
+            owner=owner,
+            placed=self._placed(scope),
         )
 
-    def _staged_rows(self) -> pa.Table:
+    def _placed(self, scope: Scope) -> Counts | None:
+        """The window's rows as the server's SQL places them, when an expression places them.
+
+        The guards judged the batch with the expression in DuckDB's SQL; the server evaluates
+        its own spelling, and the publish compares the two counts before it commits.
+        """
+        if not has_expression(scope.region):
+            return None
+        target = _target(scope)
+        if scope.cells:
+            q = statements.count_by_partition(target, scope.cells, dialect=_PG)
+            return dict(self._rows(q))
+        return {None: self._rows(statements.count_window(target, scope.region, dialect=_PG))[0][0]}
+
+    def _staged_rows(self) -> StagedRows:
         if self._stored is None:
             raise RuntimeError("stage() must run before a write")
         return self._stored
 
-    def _fingerprints(self, scope: Scope, written: pa.Table) -> Fingerprints:
+    def _fingerprints(self, scope: Scope, written: str, names: list[str]) -> Fingerprints:
         """Count and hash sum of the window as this publish leaves it, per partition of a range.
 
         Hashed in the embedded DuckDB over the rows the window holds after the write, never on
         the server: the rows written, plus, for an upsert, the window's rows it keeps (read
         back as Arrow). :meth:`PostgresBackend.fingerprint` hashes stored rows the same way.
         """
-        after = self.evaluator.register(self._after(scope, written)).strip('"')
-        names = list(written.column_names)
+        after = self._after(scope, written, names)
         if scope.cells:
             q = statements.partition_fingerprints(after, names, scope.cells)
             return {k: (n, int(d)) for k, n, d in self.evaluator.rows(q)}
         count, digest = self.evaluator.one(statements.fingerprint(after, names))
         return {None: (count, int(digest))}
 
-    def _after(self, scope: Scope, written: pa.Table) -> pa.Table | pa.RecordBatchReader:
-        """The window's rows as the write leaves them."""
+    def _after(self, scope: Scope, written: str, names: list[str]) -> str:
+        """A relation of the evaluator holding the window's rows as the write leaves them."""
         s, target = scope.settings, _target(scope)
         cols = self._cols or {}
         if not _exact(cols):
             # The table stores some value otherwise than staged (timestamp(3), character(n)).
             current = self._columns(s.schema, s.table) or {}
-            return _read(self.cur, target, current, scope.region)
+            return self.evaluator.register(_read(self.cur, target, current, scope.region)).strip(
+                '"'
+            )
         if s.mode != "merge" or s.delete_missing:
             return written
         # An upsert keeps the window's rows whose key the batch does not hold.
         kept = statements.rows_without_keys(
-            target,
-            list(written.column_names),
-            self._keys_table(scope),
-            scope.key,
-            scope.region,
-            dialect=_PG,
+            target, names, self._keys_table(scope), scope.key, scope.region, dialect=_PG
         )
         self._run(kept)
-        rows = _as_stored(
-            self.cur.fetch_arrow_table(),
-            dict(zip(written.schema.names, written.schema.types, strict=True)),
-        )
-        return pa.concat_tables([written, rows.cast(written.schema)])
+        schema = self._staged_rows().schema
+        types = dict(zip(schema.names, schema.types, strict=True))
+        found = (_as_stored(b, types).cast(schema) for b in self.cur.fetch_record_batch())
+        others = self.evaluator.register(pa.RecordBatchReader.from_batches(schema, found))
+        cols = ", ".join(quote(c) for c in names)
+        # Read once, by the one fingerprint statement: the kept rows' reader cannot rewind.
+        union = f"SELECT {cols} FROM {quote(written)} UNION ALL SELECT {cols} FROM {others}"
+        return self.evaluator.view(union).strip('"')
 
 
 _PG = "postgres"

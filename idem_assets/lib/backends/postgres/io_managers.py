@@ -11,6 +11,7 @@ from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresL
 from idem_assets.lib.dagster_layer.io_manager import IdempotentIOManager
 from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.settings import WriteMode, WriteSettings
+from idem_assets.lib.write.seam import Capabilities
 
 
 class _PostgresIOManager(IdempotentIOManager):
@@ -59,6 +60,7 @@ class _PostgresIOManager(IdempotentIOManager):
             yield backend
 
     storage_kind: ClassVar[str] = "postgres"
+    capabilities: ClassVar[Capabilities | None] = PostgresBackend.capabilities
 
     def _location(self) -> str:
         return self.location().describe()

@@ -18,11 +18,14 @@ finds it raised since it described the table raises
 
 import json
 import operator
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -82,6 +85,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
+from idem_assets.lib.write.streams import CHUNK_ROWS, Spilled, spill_root
 
 CAPABILITIES = Capabilities(
     engine="Spark",
@@ -296,7 +300,8 @@ class SparkBackend:
         nothing: bool = False,
         arrow: bool = True,
         columns: Sequence[str] | None = None,
-    ) -> pa.Table | pd.DataFrame | None:
+        stream: bool = False,
+    ) -> pa.Table | pd.DataFrame | pa.RecordBatchReader | None:
         """The window's rows (the whole table without one), in partition order."""
         frame = self.frame(settings, window, nothing)
         if frame is None:
@@ -309,7 +314,38 @@ class SparkBackend:
         names = selected_columns(columns, frame.columns)
         if names is not None:
             frame = frame.select(*[F.col(f"`{c}`") for c in names])
+        if stream:
+            return _exported(frame)
         return frame.toArrow() if arrow else frame.toPandas()
+
+
+def _exported(frame: DataFrame) -> pa.RecordBatchReader:
+    """A sorted frame written by Spark as Parquet on this machine, read back file by file.
+
+    Spark's executors write the files (in local mode they share the driver's disk); the parts
+    of a sorted frame hold consecutive ranges, so reading them in order keeps its order.
+    """
+    import pyarrow.dataset as ds
+
+    folder = Path(tempfile.mkdtemp(prefix="idem-spark-load-", dir=spill_root()))
+    frame.write.mode("overwrite").parquet(str(folder / "rows"))
+    parts = sorted(str(p) for p in (folder / "rows").glob("part-*.parquet"))
+    schema = pa.schema([pa.field(f.name, arrow_type(f.dataType)) for f in frame.schema])
+    if not parts:
+        shutil.rmtree(folder, ignore_errors=True)
+        return pa.RecordBatchReader.from_batches(schema, iter(()))
+    found = ds.dataset(parts, format="parquet")
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in found.to_batches(batch_size=CHUNK_ROWS):
+                yield (
+                    pa.Table.from_batches([batch]).select(schema.names).cast(schema).to_batches()[0]
+                )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 def _time_column(table: _Table, region: Region) -> str | None:
@@ -400,15 +436,16 @@ class SparkTransaction:
             layout=tuple(c for c in table.layout if c != DAY),
         )
 
-    def stage(self, batch: pa.Table | SparkFrame, fitted: Fitted) -> Staged:
+    def stage(self, batch: pa.Table | SparkFrame | Spilled, fitted: Fitted) -> Staged:
         """The batch as stored, where the guards read it.
 
         A Spark DataFrame was evaluated once, into a version directory of the table
         (:meth:`SparkBackend.evaluate`): when it fits the table unchanged, that copy is the
         staged batch, else it is written once more as stored; the guards' Spark jobs and the
-        write read the staged copy. An Arrow batch is already whole in the driver: the guards
-        judge it in the embedded DuckDB, and Spark reads it as local data, written once by the
-        write.
+        write read the staged copy. A streamed batch, staged once in DuckDB, is read by Spark
+        as that copy's Parquet and written once as stored. An Arrow batch is already whole in
+        the driver: the guards judge it in the embedded DuckDB, and Spark reads it as local
+        data, written once by the write.
         """
         table = self._current()
         settings = fitted.settings
@@ -419,9 +456,13 @@ class SparkTransaction:
             local = stored_rows(batch, fitted)
             frame = self.spark.createDataFrame(local, schema=spark_schema(local.schema))
         else:
-            self._frame = batch
+            if isinstance(batch, SparkFrame):
+                self._frame = batch
+                sent = batch.read()
+            else:
+                sent = self.spark.read.parquet(batch.parquet())
             by_name = {f.stored_name: f for f in fitted.columns}
-            frame = batch.read().select(
+            frame = sent.select(
                 *[F.col(f"`{by_name[c].name}`").cast(spark_type(types[c])).alias(c) for c in order]
             )
         time_column = settings.time_column if settings.partition_columns else None
@@ -442,8 +483,11 @@ class SparkTransaction:
             self._staged = frame
             self._duck = embedded()
             return Staged(relation=self._duck.register(local), evaluator=self._duck)
-        assert isinstance(batch, SparkFrame)
-        if batch.location.startswith(f"{table.root}/") and _unchanged(batch, fitted, layout):
+        if (
+            isinstance(batch, SparkFrame)
+            and batch.location.startswith(f"{table.root}/")
+            and _unchanged(batch, fitted, layout)
+        ):
             # The evaluated copy already holds the batch as stored, laid out as the table.
             self._stage_dir = batch.location
         else:

@@ -19,14 +19,15 @@ from pyspark.sql import DataFrame
 from idem_assets.lib.backends.spark.backend import SparkBackend
 from idem_assets.lib.backends.spark.frames import SparkFrame
 from idem_assets.lib.backends.spark.session import SPARK_CONF_FIELD, spark_session
-from idem_assets.lib.dagster_layer.frames import to_arrow
 from idem_assets.lib.dagster_layer.io_manager import (
     IdempotentIOManager,
     input_columns,
     refuse_missing_columns,
 )
+from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.settings import WriteMode, WriteSettings
 from idem_assets.lib.write.seam import EngineBatch
+from idem_assets.lib.write.streams import Spilled, Stream
 
 #: The DataFrames evaluated for the output being handled: their copies go once it is handled.
 _EVALUATED: ContextVar[list[SparkFrame] | None] = ContextVar("idem_spark_frames", default=None)
@@ -58,15 +59,22 @@ class _SparkIOManager(IdempotentIOManager):
         """``spark_catalog.<schema>.<table>``, as Spark names a table of its session catalog."""
         return f"spark_catalog.{settings.schema}.{settings.table}"
 
-    def _batch(self, obj: object, settings: WriteSettings) -> pa.Table | EngineBatch:
-        if not isinstance(obj, DataFrame):
-            return to_arrow(obj, settings.asset)
-        # A Spark DataFrame stays in Spark: evaluated once, into its table's version area.
-        with self._backend() as backend:
-            batch = backend.evaluate(obj, settings)
-        evaluated = _EVALUATED.get()
-        if evaluated is not None:
-            evaluated.append(batch.frame)
+    def _batch(
+        self, obj: object, settings: WriteSettings
+    ) -> pa.Table | EngineBatch | Stream | Spilled:
+        if isinstance(obj, DataFrame):
+            # A Spark DataFrame stays in Spark: evaluated once, into its table's version area.
+            with self._backend() as backend:
+                batch = backend.evaluate(obj, settings)
+            evaluated = _EVALUATED.get()
+            if evaluated is not None:
+                evaluated.append(batch.frame)
+            return batch
+        # A stream is staged in DuckDB on the driver, whose disk Spark's executors read in
+        # local mode only.
+        batch = super()._batch(obj, settings)
+        if isinstance(batch, Stream | Spilled):
+            refuse_stream_on_cluster(spark_session(self.spark_conf), settings.asset)
         return batch
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
@@ -101,6 +109,20 @@ class _SparkIOManager(IdempotentIOManager):
             )
         refuse_missing_columns(context, settings, columns, frame.columns)
         return frame
+
+
+def refuse_stream_on_cluster(spark: Any, asset: str) -> None:
+    """Refuse a streamed batch where Spark's executors cannot read the driver's disk."""
+    master = spark.sparkContext.master
+    if not master.startswith("local"):
+        raise ConfigurationError(
+            f"Refused to write asset '{asset}': it returned a stream (a RecordBatchReader, an"
+            " iterator of batches, a Polars LazyFrame or a DuckDB relation), which is staged on"
+            f" the driver's disk, and Spark's executors ({master}) cannot read that disk."
+            " Nothing was changed. Fix: return a Spark DataFrame (e.g."
+            " spark.read.parquet(...) or spark.sql(...)), which Spark stages and judges on its"
+            " executors without the driver holding it."
+        )
 
 
 class SparkOverwriteIOManager(_SparkIOManager):
