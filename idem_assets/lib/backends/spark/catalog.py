@@ -149,10 +149,15 @@ def add_partitions(
     catalog.createPartitions(_ident(spark, db, table), _scala_list(spark, parts), if_missing)
 
 
-def drop_partition(spark: SparkSession, db: str, table: str, spec: Mapping[str, str]) -> None:
-    """Drop a partition and its directory in one metastore call; a missing one is no error."""
+def drop_partition(
+    spark: SparkSession, db: str, table: str, spec: Mapping[str, str], keep_directory: bool = False
+) -> None:
+    """Drop a partition and its directory in one metastore call; a missing one is no error.
+
+    ``keep_directory``: the partition's directory stays, for the next partition of that spec.
+    """
     specs = _scala_list(spark, [_scala_map(spark, spec)])
-    _catalog(spark).dropPartitions(_ident(spark, db, table), specs, True, False, False)
+    _catalog(spark).dropPartitions(_ident(spark, db, table), specs, True, False, keep_directory)
 
 
 def _unescape(text: str) -> str:

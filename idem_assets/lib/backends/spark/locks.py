@@ -65,9 +65,14 @@ def table_lock(spark: SparkSession, name: str) -> Iterator[None]:
                 continue
             if not _taken(exc) or time.monotonic() > deadline:
                 raise
-        created = catalog.partition_created(spark, DATABASE, TABLE, spec)
+        try:
+            created = catalog.partition_created(spark, DATABASE, TABLE, spec)
+        except _CATALOG_ERRORS as exc:
+            if not _contended(exc):
+                raise
+            created = None
         if created is not None and time.time() - created > LEASE_S:
-            catalog.drop_partition(spark, DATABASE, TABLE, spec)
+            catalog.drop_partition(spark, DATABASE, TABLE, spec, keep_directory=True)
             continue
         time.sleep(0.1)
     try:
@@ -86,16 +91,22 @@ def _contended(exc: Exception) -> bool:
     """Whether the metastore's own database refused a statement for a concurrent one.
 
     Derby, a metastore's database in tests, reports two writers of the locks' table as a
-    deadlock and rolls one back: that writer tries again.
+    deadlock and rolls one back, and a lock read while its holder drops it as a missing row
+    ("No such database row"): that writer tries again.
     """
     text = str(exc)
-    return "deadlock" in text or "lock could not be obtained" in text
+    return any(
+        found in text
+        for found in ("deadlock", "lock could not be obtained", "No such database row")
+    )
 
 
 def _release(spark: SparkSession, spec: dict[str, str], attempts: int = 20) -> None:
     for attempt in range(attempts):
         try:
-            catalog.drop_partition(spark, DATABASE, TABLE, spec)
+            # The directory stays: a writer adding the lock meanwhile creates it, and would
+            # fail setting its permissions if it were deleted under it.
+            catalog.drop_partition(spark, DATABASE, TABLE, spec, keep_directory=True)
             return
         except _CATALOG_ERRORS as exc:
             if not _contended(exc) or attempt == attempts - 1:
