@@ -186,3 +186,167 @@ def test_a_dataframe_output_is_evaluated_once_for_every_check_and_the_write(
     # One evaluation: the probe, the guards and the write read its rows, not the frame again.
     assert len(ticks.read_text()) == 500
     assert spark.table("main.events").count() == 500
+
+
+def merge_resources(spark_conf: dict[str, str], tmp_path: Path) -> dict[str, Any]:
+    return {
+        "io_manager": ia.SparkMergeIOManager(
+            spark_conf=spark_conf, warehouse=str(tmp_path / "warehouse")
+        ),
+        "spark": ia.SparkResource(spark_conf=spark_conf),
+    }
+
+
+def versions(spark: Any, table: str = "main.events") -> set[str]:
+    """The version directories under the table: each publish's evaluated or written copies."""
+    spark.catalog.refreshTable(table)
+    files = spark.table(table).inputFiles()
+    root = files[0].split("/_idem_versions/")[0] if files else None
+    assert root is not None
+    listed = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(root + "/_idem_versions")
+    fs = listed.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return {str(s.getPath().getName()) for s in fs.listStatus(listed)}
+
+
+def upsert_asset(ticks: Path, version: int) -> dg.AssetsDefinition:
+    """The day's events as an upsert: version 0 all of them, later ones the even ids changed
+    and 100 new ids; every row passes a counting UDF."""
+
+    @dg.asset(
+        name="events",
+        partitions_def=DAILY,
+        metadata={**METADATA, "delete_missing": False},
+    )
+    def events(context: dg.AssetExecutionContext, spark: ia.SparkResource) -> DataFrame:
+        day = day_frame(spark.session(), context.partition_key, version)
+        if version:
+            new = day.limit(100).withColumn("event_id", F.col("event_id") + ROWS)
+            day = day.where(F.col("event_id") % 2 == 0).unionByName(new)
+        return day.withColumn("event_id", _counted(str(ticks))(F.col("event_id")))
+
+    return events
+
+
+def test_a_dataframe_upsert_keeps_the_days_other_keys_and_evaluates_once(
+    spark: Any, spark_conf: dict[str, str], tmp_path: Path
+) -> None:
+    ticks = tmp_path / "ticks"
+    ticks.touch()
+    res = merge_resources(spark_conf, tmp_path)
+    dg.materialize([upsert_asset(ticks, 0)], resources=res, partition_key="2026-01-02")
+    result = dg.materialize([upsert_asset(ticks, 1)], resources=res, partition_key="2026-01-02")
+    assert len(ticks.read_text()) == ROWS + ROWS // 2 + 100
+    stored = spark.table("main.events")
+    assert stored.count() == ROWS + 100
+    # Odd ids keep version 0; even ids and the new ids hold version 1.
+    expected = (
+        day_frame(spark, "2026-01-02", 0)
+        .where(F.col("event_id") % 2 == 1)
+        .unionByName(day_frame(spark, "2026-01-02", 1).where(F.col("event_id") % 2 == 0))
+        .unionByName(
+            day_frame(spark, "2026-01-02", 1)
+            .limit(100)
+            .withColumn("event_id", F.col("event_id") + ROWS)
+        )
+    )
+    assert (
+        stored.exceptAll(expected.select(*stored.columns[:3], F.to_date("event_at"))).count() == 0
+    )
+    md = result.asset_materializations_for_node("events")[0].metadata
+    assert (md["rows_updated"].value, md["rows_inserted"].value) == (ROWS // 2, 100)
+    assert md["dagster/row_count"].value == ROWS + 100
+    window = ia.window_from_keys(DAILY, ["2026-01-02"], "events")
+    fingerprint = ia.table_fingerprint(SparkBackend(spark), "main", "events", "event_at", window)
+    assert md["fingerprint"].value == fingerprint
+
+
+def test_a_dataframe_merge_of_a_key_stored_on_another_day_is_refused_leaving_no_copy(
+    spark: Any, spark_conf: dict[str, str], tmp_path: Path
+) -> None:
+    res = merge_resources(spark_conf, tmp_path)
+    dg.materialize([events_asset()], resources=res, partition_key="2026-01-02")
+    before = ia.table_fingerprint(SparkBackend(spark), "main", "events")
+    copies = versions(spark)
+
+    @dg.asset(name="events", partitions_def=DAILY, metadata=METADATA)
+    def moved(context: dg.AssetExecutionContext, spark: ia.SparkResource) -> DataFrame:
+        day = day_frame(spark.session(), context.partition_key)
+        # One event of 2026-01-02 again, now dated the 3rd.
+        stolen = day_frame(spark.session(), "2026-01-02").limit(1)
+        stolen = stolen.withColumn("event_at", F.col("event_at") + F.expr("INTERVAL 1 DAY"))
+        return day.unionByName(stolen)
+
+    with pytest.raises(ia.KeyOutsideWindowError, match=r"1 key\(s\) of the batch already exist"):
+        dg.materialize([moved], resources=res, partition_key="2026-01-03")
+    assert ia.table_fingerprint(SparkBackend(spark), "main", "events") == before
+    assert versions(spark) == copies
+
+
+def test_a_dataframe_refused_before_staging_leaves_no_copy(
+    spark: Any, spark_conf: dict[str, str], tmp_path: Path
+) -> None:
+    res = resources(spark_conf, tmp_path)
+    dg.materialize([events_asset()], resources=res, partition_key="2026-01-02")
+    copies = versions(spark)
+
+    @dg.asset(name="events", partitions_def=DAILY, metadata=METADATA)
+    def wider(context: dg.AssetExecutionContext, spark: ia.SparkResource) -> DataFrame:
+        return day_frame(spark.session(), context.partition_key).withColumn("note", F.lit("x"))
+
+    with pytest.raises(ia.SchemaMismatchError, match="note"):
+        dg.materialize([wider], resources=res, partition_key="2026-01-02")
+    assert versions(spark) == copies
+
+
+def test_a_dataframe_cast_to_the_tables_types_is_written_as_stored(
+    spark: Any, spark_conf: dict[str, str], tmp_path: Path
+) -> None:
+    res = resources(spark_conf, tmp_path)
+    dg.materialize([events_asset()], resources=res, partition_key="2026-01-02")
+
+    @dg.asset(name="events", partitions_def=DAILY, metadata=METADATA)
+    def narrow(context: dg.AssetExecutionContext, spark: ia.SparkResource) -> DataFrame:
+        day = day_frame(spark.session(), context.partition_key, 1)
+        return day.withColumn("amount", F.col("amount").cast("int"))
+
+    dg.materialize([narrow], resources=res, partition_key="2026-01-02")
+    stored = spark.table("main.events")
+    assert dict(stored.dtypes)["amount"] == "double"
+    assert stored.count() == ROWS
+    assert (
+        stored.agg(F.sum("amount")).first()[0]
+        == day_frame(spark, "2026-01-02", 1).agg(F.sum("amount")).first()[0]
+    )
+
+
+def test_a_dataframe_whose_commit_is_lost_starts_over_on_its_one_evaluation(
+    spark: Any, schema: str, backend: SparkBackend, tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    from tests.helpers import NOW, settings, window
+
+    ticks = tmp_path / "ticks"
+    ticks.touch()
+    write = replace(settings("overwrite", METADATA, table="events"), schema=schema)
+    day = "2026-01-02"
+    ia.publish(backend, backend.evaluate(day_frame(spark, day), write), write, window(day), now=NOW)
+    counted = day_frame(spark, day, 2).withColumn(
+        "event_id", _counted(str(ticks))(F.col("event_id"))
+    )
+    other = backend.evaluate(day_frame(spark, day, 1), write)
+    stages: list[str] = []
+
+    def another_writer_commits_first(stage: str) -> None:
+        stages.append(stage)
+        if stages.count("before_commit") == 1 and stage == "before_commit":
+            ia.publish(backend, other, write, window(day), now=NOW)
+
+    batch = backend.evaluate(counted, write)
+    ia.publish(backend, batch, write, window(day), now=NOW, on_stage=another_writer_commits_first)
+    # Two attempts, one evaluation.
+    assert stages.count("guards_passed") == 2
+    assert len(ticks.read_text()) == ROWS
+    stored = spark.table(f"{schema}.events")
+    assert stored.count() == ROWS
+    assert stored.agg(F.min("amount")).first()[0] == 2

@@ -98,12 +98,14 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Where the tables live, for messages (a file, a database URL)."""
         raise NotImplementedError
 
-    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch | Stream | Spilled:
+    def _batch(
+        self, obj: object, settings: WriteSettings
+    ) -> pa.Table | EngineBatch | Stream | Spilled:
         """What the asset returned as the publish takes it: Arrow, a stream, an engine's frame."""
         if isinstance(obj, Spilled):
             # Staged already, by an audited asset's checks: published from that copy.
             return obj
-        return as_stream(obj, asset) or to_arrow(obj, asset)
+        return as_stream(obj, settings.asset) or to_arrow(obj, settings.asset)
 
     def _table_name(self, settings: WriteSettings) -> str:
         """``dagster/table_name``: the table, qualified as Dagster's IO manager for it does."""
@@ -160,7 +162,7 @@ class IdempotentIOManager(dg.ConfigurableIOManager):
         """Publish the batch: guards, then replace the run's window in one transaction."""
         settings = self._settings(context)
         window = self._window(context, settings)
-        batch = self._batch(obj, settings.asset)
+        batch = self._batch(obj, settings)
         if plan_run(context):
             # A plan run stages and judges the batch like a publish, and writes nothing.
             plan_output(context, self._backend, batch, settings, window, self.staging_memory)

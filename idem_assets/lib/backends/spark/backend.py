@@ -31,13 +31,21 @@ from typing import Any, ClassVar
 import pandas as pd
 import pyarrow as pa
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from idem_assets.lib.backends.spark import catalog, sql
 from idem_assets.lib.backends.spark.catalog import Spec
 from idem_assets.lib.backends.spark.evaluator import SparkEvaluator
+from idem_assets.lib.backends.spark.frames import (
+    SparkFrame,
+    day_of,
+    fingerprint_metrics,
+    numbered,
+    observed,
+    spark_batch,
+)
 from idem_assets.lib.backends.spark.layout import (
     COLUMNS,
     OWNER,
@@ -63,6 +71,7 @@ from idem_assets.lib.write.seam import (
     Capabilities,
     CommitConflict,
     Counts,
+    EngineBatch,
     Fingerprints,
     Fitted,
     PartitionColumns,
@@ -163,11 +172,39 @@ class SparkBackend:
         try:
             yield tx
             tx.commit()
-        except BaseException:
-            tx.abort()
+        except BaseException as exc:
+            tx.abort(exc)
             raise
         finally:
             tx.close()
+
+    def evaluate(self, frame: DataFrame, settings: WriteSettings) -> EngineBatch:
+        """``frame`` evaluated once, into a version directory of its table laid out as the table.
+
+        Laid out by the table's partition columns (a new table's, for one that does not exist
+        yet), the evaluated copy becomes the staged batch and the written partitions as it is
+        when the batch fits the table unchanged (:meth:`SparkTransaction.stage`).
+        """
+        table = self.table(settings.schema, settings.table)
+        names = {f.name.lower(): f for f in frame.schema}
+        time = settings.time_column if settings.partition_columns else None
+        sent_time = names.get(time.lower()) if time else None
+        timestamp = sent_time is not None and isinstance(
+            sent_time.dataType, T.TimestampType | T.TimestampNTZType
+        )
+        wanted = (
+            table.layout
+            if table.exists
+            else new_layout(time, timestamp, list(settings.partition_names))
+        )
+        columns = [DAY if c == DAY else getattr(names.get(c.lower()), "name", "") for c in wanted]
+        # A partition column the batch lacks, or a day of a column of no timestamp: the copy
+        # is unpartitioned, and staging writes the batch again, laid out.
+        usable = all(columns) and (DAY not in wanted or timestamp)
+        layout = tuple(columns) if usable else ()
+        location = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+        time_name = sent_time.name if sent_time is not None else None
+        return spark_batch(frame, settings.asset, location, layout, time_name)
 
     def table(self, schema: str, table: str) -> _Table:
         """The table as the catalog holds it now (``exists`` False when it has none)."""
@@ -320,17 +357,33 @@ def _time_column(table: _Table, region: Region) -> str | None:
     return None
 
 
+def _unchanged(batch: SparkFrame, fitted: Fitted, layout: tuple[str, ...]) -> bool:
+    """Whether the evaluated copy is the batch as stored: same names, types and layout."""
+    sent = {f.name: f.dataType for f in batch.schema}
+    if batch.layout != layout or set(sent) != set(fitted.order):
+        return False
+    return all(
+        f.name == f.stored_name and sent.get(f.name) == spark_type(f.stored_type)
+        for f in fitted.columns
+    )
+
+
 def _literal(text: str) -> str:
     """A Spark SQL string literal (Spark escapes with backslashes)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _day(column: str, kind: pa.DataType) -> Any:
-    """The UTC day of a timestamp column, as Spark computes it whatever the session's zone."""
-    if kind.tz is None:
-        return F.to_date(F.col(column))
-    micros = F.unix_micros(F.col(column))
-    return F.date_from_unix_date(F.floor(micros / 86_400_000_000).cast("int"))
+#: The column marking a batch key in a merge's join with the stored rows.
+_HIT = "idem_hit"
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A merge's stored rows of the window whose key the batch lacks, written beside it."""
+
+    location: str
+    #: Row count and hash sum of the kept rows, observed while they were written.
+    fingerprint: tuple[int, int]
 
 
 class SparkTransaction:
@@ -347,8 +400,14 @@ class SparkTransaction:
         self._staged: DataFrame | None = None
         self._duck: DuckDBEvaluator | None = None
         self._stage_dir: str | None = None
+        #: The evaluated DataFrame this publish stages; ``_stage_dir`` is its copy when adopted.
+        self._frame: SparkFrame | None = None
         self._struct: T.StructType | None = None
         self._layout: tuple[str, ...] = ()
+        self._partitions: dict[Spec, catalog.Partition] | None = None
+        self._kept: _Kept | None = None
+        #: Files of the kept rows moved into the staged copy, taken out again if it fails.
+        self._moved: list[str] = []
         self._plan: _Plan | None = None
         self._done = False
 
@@ -377,17 +436,17 @@ class SparkTransaction:
             layout=tuple(c for c in table.layout if c != DAY),
         )
 
-    def stage(self, batch: pa.Table | DataFrame | Spilled, fitted: Fitted) -> Staged:
+    def stage(self, batch: pa.Table | SparkFrame | Spilled, fitted: Fitted) -> Staged:
         """The batch as stored, where the guards read it.
 
-        A Spark DataFrame is written once into a fresh version directory, and the guards' Spark
-        jobs and the write read that copy (a DataFrame evaluated twice can differ). An Arrow
-        batch is already whole in the driver: the guards judge it in the embedded DuckDB, and
-        Spark reads it as local data, written once by the write.
+        A Spark DataFrame was evaluated once, into a version directory of the table
+        (:meth:`SparkBackend.evaluate`): when it fits the table unchanged, that copy is the
+        staged batch, else it is written once more as stored; the guards' Spark jobs and the
+        write read the staged copy. A streamed batch, staged once in DuckDB, is read by Spark
+        as that copy's Parquet and written once as stored. An Arrow batch is already whole in
+        the driver: the guards judge it in the embedded DuckDB, and Spark reads it as local
+        data, written once by the write.
         """
-        if isinstance(batch, Spilled):
-            # A streamed batch, staged once in DuckDB: Spark reads that copy as Parquet.
-            batch = self.spark.read.parquet(batch.parquet())
         table = self._current()
         settings = fitted.settings
         types = {f.stored_name: f.stored_type for f in fitted.columns}
@@ -397,8 +456,13 @@ class SparkTransaction:
             local = stored_rows(batch, fitted)
             frame = self.spark.createDataFrame(local, schema=spark_schema(local.schema))
         else:
+            if isinstance(batch, SparkFrame):
+                self._frame = batch
+                sent = batch.read()
+            else:
+                sent = self.spark.read.parquet(batch.parquet())
             by_name = {f.stored_name: f for f in fitted.columns}
-            frame = batch.select(
+            frame = sent.select(
                 *[F.col(f"`{by_name[c].name}`").cast(spark_type(types[c])).alias(c) for c in order]
             )
         time_column = settings.time_column if settings.partition_columns else None
@@ -410,7 +474,7 @@ class SparkTransaction:
             layout = new_layout(time_column, timestamp, list(settings.partition_names))
         if DAY in layout:
             assert time_column is not None
-            frame = frame.withColumn(DAY, _day(time_column, types[time_column]))
+            frame = frame.withColumn(DAY, day_of(time_column, types[time_column]))
         self._layout = layout
         data = [c for c in order if c not in layout]
         fields = {f.name: f for f in frame.schema}
@@ -419,10 +483,24 @@ class SparkTransaction:
             self._staged = frame
             self._duck = embedded()
             return Staged(relation=self._duck.register(local), evaluator=self._duck)
-        self._stage_dir = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
-        self._write(frame, self._stage_dir)
+        if (
+            isinstance(batch, SparkFrame)
+            and batch.location.startswith(f"{table.root}/")
+            and _unchanged(batch, fitted, layout)
+        ):
+            # The evaluated copy already holds the batch as stored, laid out as the table.
+            self._stage_dir = batch.location
+        else:
+            self._stage_dir = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+            self._write(frame, self._stage_dir)
         self._staged = self._read(self._stage_dir)
         return Staged(relation=self.evaluator.register(self._staged), evaluator=self.evaluator)
+
+    @property
+    def _adopted(self) -> SparkFrame | None:
+        """The evaluated DataFrame whose copy is the staged batch as it is, if it is."""
+        frame = self._frame
+        return frame if frame is not None and frame.location == self._stage_dir else None
 
     def _write(self, frame: DataFrame, location: str) -> None:
         """One job writes ``frame`` into a directory nobody reads yet, by the table's layout."""
@@ -437,31 +515,179 @@ class SparkTransaction:
         assert self._struct is not None
         return self.spark.read.schema(self._struct).format("parquet").load(location)
 
+    def _existing(self) -> dict[Spec, catalog.Partition]:
+        """The table's partitions and their locations, read from the metastore once."""
+        if self._partitions is None:
+            table = self._current()
+            found = table.exists and self._layout
+            self._partitions = catalog.partitions(self.spark, table.db, table.name) if found else {}
+        return self._partitions
+
+    def _touched(self, scope: Scope) -> dict[Spec, str]:
+        """The table's partitions that may hold rows of the window, and their locations."""
+        return {
+            s: p.location
+            for s, p in self._existing().items()
+            if meets(scope.region, s, scope.time_column)
+        }
+
     def summarize(self, scope: Scope, final: bool = False) -> Summary:
         """Rows the window holds now, and for a merge its keys' rows in and outside it."""
         table = self._current()
         if not table.exists:
             return Summary()
-        ev = self.evaluator
-        current = ev.register(self.backend.window(table, scope.region), "idem_target_")
-        existing = self._counts(current, scope)
         if scope.settings.mode != "merge":
-            return Summary(existing=existing)
+            return Summary(existing=self._stored_counts(scope))
         assert self._staged is not None
-        keys = self._staged.select(*[F.col(f"`{k}`") for k in scope.key]).distinct()
-        stored = self.backend.window(table, scope.region)
-        hits = ev.register(stored.join(keys, scope.key, "left_semi"), "idem_target_")
-        matched = self._counts(hits, scope)
-        elsewhere, sample = 0, None
-        if scope.pcols:
-            outside = ev.frame(
+        keys = self._staged.select(*[F.col(f"`{k}`") for k in scope.key])
+        if self._merges_beside(scope):
+            existing, matched, elsewhere = self._write_kept(scope, keys)
+        else:
+            existing = self._stored_counts(scope)
+            matched, elsewhere = self._placed_keys(scope, keys)
+        sample = None
+        if elsewhere and scope.pcols:
+            outside = self.evaluator.frame(
                 sql.select((table.db, table.name), list(table.columns), scope.region, negate=True)
             )
-            living = outside.join(keys, scope.key, "left_semi")
-            elsewhere = living.count()
-            if elsewhere:
-                sample = living.limit(5).toArrow()
-        return Summary(existing, matched, elsewhere, sample)
+            sample = outside.join(keys, scope.key, "left_semi").limit(5).toArrow()
+        return Summary(existing, matched, elsewhere if scope.pcols else 0, sample)
+
+    def _placed_keys(self, scope: Scope, keys: DataFrame) -> tuple[Counts, int]:
+        """The stored rows whose key the batch holds: per partition of the window, and outside.
+
+        One join over the table's keys (narrowed to the batch's key range, which Parquet's
+        statistics skip to) places them all.
+        """
+        table = self._current()
+        placed = sql.placed(
+            (table.db, table.name), scope.key, scope.region, scope.cells, self._bounds(scope)
+        )
+        hits = self.evaluator.frame(placed).join(keys, scope.key, "left_semi")
+        matched: Counts = {} if scope.cells else {None: 0}
+        elsewhere = 0
+        for cell, outside, n in hits.groupBy(sql.CELL, sql.OUTSIDE).count().collect():
+            if outside:
+                elsewhere += int(n)
+            elif cell is not None:
+                matched[cell if scope.cells else None] = int(n)
+        return matched, elsewhere
+
+    def _stored_counts(self, scope: Scope) -> Counts:
+        """What the window holds now: from its files' footers where it is whole partitions."""
+        found = self._footer_counts(scope)
+        if found is not None:
+            return found
+        table = self._current()
+        current = self.evaluator.register(self.backend.window(table, scope.region), "idem_target_")
+        return self._counts(current, scope)
+
+    def _footer_counts(self, scope: Scope) -> Counts | None:
+        """The window's rows per partition of a range, read from Parquet footers, not scanned.
+
+        Only where the window is whole partitions, so every row of their files is the
+        window's (a row lies in the partition of its day: the writes put it there);
+        ``None`` where it covers part of one, or a partition holds other than Parquet files.
+        """
+        if not self._layout:
+            return None
+        touched, tc = self._touched(scope), scope.time_column
+        groups: list[tuple[str | None, Region]] = [(k, (box,)) for k, box in scope.cells]
+        counts: Counts = {}
+        for key, region in groups or [(None, scope.region)]:
+            specs = [s for s in touched if meets(region, s, tc)]
+            if not all(covers(region, s, tc) for s in specs):
+                return None
+            rows = catalog.row_count(self.spark, [touched[s] for s in specs])
+            if rows is None:
+                return None
+            if rows or key is None:
+                counts[key] = rows
+        return counts
+
+    def _merges_beside(self, scope: Scope) -> bool:
+        """Whether a merge writes the window's kept rows beside the staged copy, not both again.
+
+        So it does for an upsert of whole partitions of one window partition; the others (a
+        range, ``delete_missing``, ``dedupe_order_by``, part of a partition) rewrite the window.
+        """
+        settings = scope.settings
+        return (
+            settings.mode == "merge"
+            and self._current().exists
+            and self._adopted is not None
+            and bool(self._layout)
+            and not scope.cells
+            and not settings.delete_missing
+            and not settings.dedupe_order_by
+            and all(covers(scope.region, s, scope.time_column) for s in self._touched(scope))
+        )
+
+    def _write_kept(self, scope: Scope, keys: DataFrame) -> tuple[Counts, Counts, int]:
+        """Write the window's rows whose key the batch lacks; count the window and the keys.
+
+        One job reads the window's partitions and the other partitions' keys in the batch's key
+        range, joins them with the batch's keys, and writes the window's rows that no key
+        replaces into a version directory of their own, observing the window's rows, those the
+        batch replaces, those outside the window it holds a key of, and the written rows' count
+        and hash sum. The write moves them in beside the staged copy.
+        """
+        table = self._current()
+        order = list(scope.fitted.order)
+        names = (table.db, table.name)
+        window = self.backend.window(table, scope.region).select(
+            "*", F.lit("").alias(sql.CELL), F.lit(False).alias(sql.OUTSIDE)
+        )
+        placed = sql.placed(names, scope.key, scope.region, [], self._bounds(scope))
+        outside = self.evaluator.frame(placed).where(F.col(sql.OUTSIDE))
+        stored = window.unionByName(outside, allowMissingColumns=True)
+        hits = keys.withColumn(_HIT, F.lit(True))
+        joined = stored.join(hits, scope.key, "left")
+        inside, hit = F.col(sql.CELL).isNotNull(), F.col(_HIT).isNotNull()
+        counts, seen = Observation(), Observation()
+        joined = joined.observe(
+            counts,
+            *numbered(
+                [F.count_if(inside), F.count_if(inside & hit), F.count_if(F.col(sql.OUTSIDE) & hit)]
+            ),
+        )
+        kept = self._as_batch(joined.where(inside & ~hit), order)
+        kept = kept.observe(seen, *numbered(fingerprint_metrics(order)))
+        if DAY in self._layout:
+            assert scope.time_column is not None
+            kind = scope.fitted.partition_types[scope.time_column]
+            kept = kept.withColumn(DAY, day_of(scope.time_column, kind))
+        location = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+        self._kept = _Kept(location, (0, 0))
+        self._write(kept, location)
+        found, written = observed(counts), observed(seen)
+        if found is None or written is None:
+            # The listener never delivered them: count again, and read the kept rows back.
+            stored = self._stored_counts(scope)[None]
+            matched, elsewhere = self._placed_keys(scope, keys)
+            found = [stored, matched[None], elsewhere]
+            written = list(self._read(location).agg(*fingerprint_metrics(order)).first() or ())
+        self._kept = _Kept(location, (int(written[0]), int(written[1])))
+        existing, matched_n, elsewhere_n = (int(v) for v in found)
+        return {None: existing}, {None: matched_n}, elsewhere_n
+
+    def _bounds(self, scope: Scope) -> dict[str, tuple[Any, Any]]:
+        """The batch's smallest and largest key, per key column where they bound it exactly.
+
+        A stored key outside them matches none of the batch's: Parquet's statistics skip the
+        files and row groups that hold only such keys.
+        """
+        adopted = self._adopted
+        if adopted is None:
+            return {}
+        types = {f.name: f.dataType for f in adopted.schema}
+        found = {}
+        for k in scope.key:
+            lo, hi = adopted.bounds.get(k, (None, None))
+            exact = isinstance(types.get(k), T.IntegralType | T.StringType | T.DateType)
+            if exact and lo is not None and hi is not None:
+                found[k] = (lo, hi)
+        return found
 
     def _counts(self, relation: str, scope: Scope) -> Counts:
         ev = self.evaluator
@@ -497,53 +723,31 @@ class SparkTransaction:
             else:
                 q = statements.dedupe(scope.staged.relation, scope.key, by, order, dialect="spark")
                 batch = self.evaluator.frame(q)
+        adopted = self._adopted
         if rows is None and settings.mode == "merge":
-            # An overwrite's rows are the window's once written (the guards refused any other).
-            rows = batch.count()
+            # An overwrite's rows are the window's once written (the guards refused any other);
+            # a merge's are the batch's, counted when it was evaluated unless deduplicated since.
+            counted = adopted.rows if adopted is not None and not settings.dedupe_order_by else None
+            rows = batch.count() if counted is None else counted
         on_stage("deleted")
         layout, time_column = self._layout, scope.time_column
-        existing = (
-            catalog.partitions(self.spark, table.db, table.name) if table.exists and layout else {}
-        )
-        touched = {s: loc for s, loc in existing.items() if meets(scope.region, s, time_column)}
+        existing = self._existing()
+        touched = self._touched(scope)
         partial = [s for s in touched if not covers(scope.region, s, time_column)]
-        window = batch
-        kept_in_window = settings.mode == "merge" and table.exists and not settings.delete_missing
-        if kept_in_window:
-            current = self._as_batch(self.backend.window(table, scope.region), order)
-            window = window.unionByName(
-                current.join(batch.select(*scope.key), scope.key, "left_anti")
-            )
-        if partial:
-            outside = self.evaluator.frame(
-                sql.select((table.db, table.name), list(table.columns), scope.region, negate=True)
-            )
-            types = scope.fitted.partition_types
-
-            def column(c: str) -> Any:
-                if c == DAY and time_column:
-                    return _day(time_column, types[time_column])
-                return F.col(f"`{c}`")
-
-            def in_spec(spec: Spec) -> Any:
-                values = dict(spec)
-                terms = [column(c).cast("string") == F.lit(values[c.lower()]) for c in layout]
-                return reduce(operator.and_, terms)
-
-            keep = reduce(operator.or_, [in_spec(s) for s in partial])
-            window = window.unionByName(self._as_batch(outside.where(keep), order))
-        if self._stage_dir is None or kept_in_window or partial or settings.dedupe_order_by:
-            version = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
-            frame = window
-            if DAY in layout:
-                assert time_column is not None
-                frame = frame.withColumn(
-                    DAY, _day(time_column, scope.fitted.partition_types[time_column])
-                )
-            self._write(frame, version)
-            written = self._read(version)
+        fingerprints: Fingerprints | None = None
+        if self._kept is not None:
+            assert adopted is not None
+            kept = self._kept
+            # The kept rows join the batch's files in the staged copy's partitions.
+            self._moved = catalog.move_files(self.spark, kept.location, adopted.location)
+            version, written = adopted.location, self._read(adopted.location)
+            (n, h), (kept_n, kept_h) = adopted.fingerprint, kept.fingerprint
+            fingerprints = {None: (n + kept_n, h + kept_h)}
         else:
-            version, written = self._stage_dir, self._staged
+            version, written = self._rewritten(scope, batch, partial)
+            if adopted is not None and version == adopted.location and not scope.cells:
+                # The copy is the window, every row of it: its fingerprint was observed.
+                fingerprints = {None: adopted.fingerprint}
         moves: dict[Spec, str] = {}
         if layout:
             for spec in catalog.written_partitions(self.spark, version, layout):
@@ -571,10 +775,61 @@ class SparkTransaction:
             struct=self._struct,
             replaced=replaced,
         )
-        fingerprints = self._fingerprints(written, scope)
+        if fingerprints is None:
+            fingerprints = self._fingerprints(written, scope)
         if rows is None:
             rows = sum(n for n, _ in fingerprints.values())
         return Written(rows=rows, fingerprints=fingerprints)
+
+    def _rewritten(
+        self, scope: Scope, batch: DataFrame, partial: Sequence[Spec]
+    ) -> tuple[str, DataFrame]:
+        """Where the window as it will be is, and its rows: the staged copy, or a new version.
+
+        An overwrite of whole partitions keeps the staged copy; a merge that keeps stored
+        rows in the window, or a window covering part of a partition, writes them all again.
+        """
+        settings = scope.settings
+        table = self._current()
+        order = list(scope.fitted.order)
+        layout, time_column = self._layout, scope.time_column
+        window = batch
+        kept_in_window = settings.mode == "merge" and table.exists and not settings.delete_missing
+        if kept_in_window:
+            current = self._as_batch(self.backend.window(table, scope.region), order)
+            window = window.unionByName(
+                current.join(batch.select(*scope.key), scope.key, "left_anti")
+            )
+        if partial:
+            outside = self.evaluator.frame(
+                sql.select((table.db, table.name), list(table.columns), scope.region, negate=True)
+            )
+            types = scope.fitted.partition_types
+
+            def column(c: str) -> Any:
+                if c == DAY and time_column:
+                    return day_of(time_column, types[time_column])
+                return F.col(f"`{c}`")
+
+            def in_spec(spec: Spec) -> Any:
+                values = dict(spec)
+                terms = [column(c).cast("string") == F.lit(values[c.lower()]) for c in layout]
+                return reduce(operator.and_, terms)
+
+            keep = reduce(operator.or_, [in_spec(s) for s in partial])
+            window = window.unionByName(self._as_batch(outside.where(keep), order))
+        if self._stage_dir is None or kept_in_window or partial or settings.dedupe_order_by:
+            version = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+            frame = window
+            if DAY in layout:
+                assert time_column is not None
+                frame = frame.withColumn(
+                    DAY, day_of(time_column, scope.fitted.partition_types[time_column])
+                )
+            self._write(frame, version)
+            return version, self._read(version)
+        assert self._staged is not None
+        return self._stage_dir, self._staged
 
     def _data_struct(self, order: Sequence[str]) -> T.StructType:
         """The batch's columns as Spark types, in ``order``."""
@@ -617,6 +872,11 @@ class SparkTransaction:
             catalog.remove(spark, location)
         if self._stage_dir != plan.version and self._stage_dir is not None:
             catalog.remove(spark, self._stage_dir)
+        if self._kept is not None:
+            catalog.remove(spark, self._kept.location)
+        if self._frame is not None:
+            self._frame.committed = self._frame.location == plan.version
+            self._frame.discard()
 
     def _commit(self, table: _Table, plan: _Plan) -> None:
         """The catalog calls of the commit, under the table's lock."""
@@ -624,22 +884,20 @@ class SparkTransaction:
         if plan.create:
             self._create(table, plan)
         else:
-            now = catalog.version(spark, table.db, table.name, VERSION)
+            columns = {COLUMNS: json.dumps(plan.order)}
+            now = catalog.advance(spark, table.db, table.name, VERSION, table.version, columns)
             if now != table.version:
                 raise CommitConflict(
                     f"table {table.db}.{table.name} was committed to by another writer"
                     f" (version {table.version} -> {now}) while this one wrote"
                 )
-            properties = {VERSION: str(table.version + 1), COLUMNS: json.dumps(plan.order)}
-            spark.sql(
-                f"ALTER TABLE {table.qualified} SET TBLPROPERTIES ({_properties(properties)})"
-            )
             if plan.added:
                 columns = ", ".join(f"`{c}` {t}" for c, t in plan.added)
                 spark.sql(f"ALTER TABLE {table.qualified} ADD COLUMNS ({columns})")
             if self._layout:
                 self._add_placeholders(table, plan)
-                catalog.move_partitions(spark, table.db, table.name, plan.moves)
+                listed = self._existing()
+                catalog.move_partitions(spark, table.db, table.name, plan.moves, listed)
             else:
                 spark.sql(f"ALTER TABLE {table.qualified} SET LOCATION {_literal(plan.version)}")
         # Visible now: from here on, the version directory is the table's.
@@ -687,23 +945,34 @@ class SparkTransaction:
         if not plan.missing:
             return
         empty = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
-        adds = []
+        adds: dict[Spec, str | None] = {}
         for spec in plan.missing:
             location = directory(empty, spec, self._layout)
             catalog.make_directory(self.spark, location)
-            adds.append(f"PARTITION ({_spec_sql(spec)}) LOCATION {_literal(location)}")
+            adds[spec] = location
             plan.replaced.append(location)
-        self.spark.sql(f"ALTER TABLE {table.qualified} ADD IF NOT EXISTS {' '.join(adds)}")
+        catalog.add_partitions(self.spark, table.db, table.name, adds, if_missing=True)
 
     _owner: str | None = None
 
-    def abort(self) -> None:
-        """Delete what this publish wrote, unless its commit made it visible."""
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Delete what this publish wrote, unless its commit made it visible.
+
+        The evaluated copy of a DataFrame outlives a lost commit (:class:`CommitConflict`):
+        the publish starts over on it, as a DataFrame is evaluated only once.
+        """
         if self._done:
             return
-        for location in {self._stage_dir, self._plan.version if self._plan else None}:
-            if location:
-                catalog.remove(self.spark, location)
+        for location in self._moved:
+            catalog.remove(self.spark, location)
+        frame = self._frame
+        own = {self._stage_dir, self._plan.version if self._plan else None}
+        own.add(self._kept.location if self._kept else None)
+        for location in own - {None, frame.location if frame else None}:
+            assert location is not None
+            catalog.remove(self.spark, location)
+        if frame is not None and not isinstance(exc, CommitConflict):
+            frame.discard()
 
     def close(self) -> None:
         """Drop the views this publish registered."""

@@ -8,8 +8,10 @@ the ``spark`` extra pins Spark's minor version and this module is the only one t
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from py4j.java_gateway import JavaClass
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
@@ -21,39 +23,44 @@ def _catalog(spark: SparkSession) -> Any:
     return spark._jsparkSession.sessionState().catalog()  # type: ignore[union-attr]
 
 
-def _jvm(spark: SparkSession) -> Any:
-    return spark._jvm  # type: ignore[attr-defined]
+def _class(spark: SparkSession, name: str) -> Any:
+    """A JVM class by its full name (py4j's ``jvm.a.b.C`` asks the JVM about each part)."""
+    return JavaClass(name, spark.sparkContext._gateway._gateway_client)  # type: ignore[union-attr]
 
 
 def _ident(spark: SparkSession, db: str, table: str) -> Any:
-    jvm = _jvm(spark)
-    return jvm.org.apache.spark.sql.catalyst.TableIdentifier.apply(
-        table, jvm.scala.Option.apply(db)
+    return _class(spark, "org.apache.spark.sql.catalyst.TableIdentifier").apply(
+        table, _class(spark, "scala.Option").apply(db)
     )
 
 
 def _scala_map(spark: SparkSession, items: Mapping[str, str]) -> Any:
-    jvm = _jvm(spark)
-    found = jvm.java.util.HashMap()
+    found = _class(spark, "java.util.HashMap")()
     for k, v in items.items():
         found.put(k, v)
     # Scala 2.13's immutable.Map.from; "from" is a Python keyword.
-    return getattr(jvm.scala.collection.immutable.Map, "from")(
-        jvm.scala.jdk.javaapi.CollectionConverters.asScala(found)
+    return getattr(_class(spark, "scala.collection.immutable.Map"), "from")(
+        _class(spark, "scala.jdk.javaapi.CollectionConverters").asScala(found)
     )
 
 
 def _scala_list(spark: SparkSession, items: Sequence[Any]) -> Any:
-    jvm = _jvm(spark)
-    found = jvm.java.util.ArrayList()
+    found = _class(spark, "java.util.ArrayList")()
     for item in items:
         found.add(item)
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(found).toList()
+    return _class(spark, "scala.jdk.javaapi.CollectionConverters").asScala(found).toList()
+
+
+def _json(spark: SparkSession, scala: Any) -> Any:
+    """A Scala collection of strings as Python data, in one round trip to the JVM, not one each."""
+    java = _class(spark, "scala.jdk.javaapi.CollectionConverters").asJava(scala)
+    return json.loads(
+        _class(spark, "com.fasterxml.jackson.databind.ObjectMapper")().writeValueAsString(java)
+    )
 
 
 def _as_dict(spark: SparkSession, scala_map: Any) -> dict[str, str]:
-    java = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(scala_map)
-    return {str(k): str(java.get(k)) for k in java.keySet()}
+    return {str(k): str(v) for k, v in _json(spark, scala_map).items()}
 
 
 def table_info(
@@ -64,10 +71,9 @@ def table_info(
     if not catalog.tableExists(ident):
         return None
     meta = catalog.getTableMetadata(ident)
-    names = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(meta.partitionColumnNames())
     return (
         str(meta.location().toString()),
-        tuple(str(n) for n in names),
+        tuple(str(n) for n in _json(spark, meta.partitionColumnNames())),
         _as_dict(spark, meta.properties()),
         T.StructType.fromJson(json.loads(meta.schema().json())),
     )
@@ -78,11 +84,80 @@ def table_exists(spark: SparkSession, db: str, table: str) -> bool:
     return bool(_catalog(spark).tableExists(_ident(spark, db, table)))
 
 
-def version(spark: SparkSession, db: str, table: str, key: str) -> int:
-    """The table's commit counter as the metastore holds it now."""
-    meta = _catalog(spark).getTableMetadata(_ident(spark, db, table))
-    found = meta.properties().get(key)
-    return int(found.get()) if found.isDefined() else 0
+def _copied(case: Any, **changes: Any) -> Any:
+    """A copy of a Scala case class with the named fields changed."""
+    fields = []
+    for i in range(case.productArity()):
+        name = str(case.productElementName(i))
+        fields.append(changes.pop(name) if name in changes else case.productElement(i))
+    assert not changes, f"no such fields: {sorted(changes)}"
+    return case.copy(*fields)
+
+
+def advance(
+    spark: SparkSession, db: str, table: str, counter: str, seen: int, values: Mapping[str, str]
+) -> int:
+    """Raise the table's commit counter from ``seen``, setting ``values`` with it; or not.
+
+    Returns the counter the table held: any other than ``seen`` means nothing was changed.
+    One read and one write of the table's metadata, as ``ALTER TABLE ... SET TBLPROPERTIES``
+    without the statement's parsing and analysis, which cost more than the calls.
+    """
+    catalog, ident = _catalog(spark), _ident(spark, db, table)
+    meta = catalog.getTableRawMetadata(ident)
+    found = meta.properties().get(counter)
+    now = int(found.get()) if found.isDefined() else 0
+    if now != seen:
+        return now
+    changed = {**values, counter: str(seen + 1)}
+    properties = getattr(meta.properties(), "$plus$plus")(_scala_map(spark, changed))
+    catalog.alterTable(_copied(meta, properties=properties))
+    return now
+
+
+def add_partitions(
+    spark: SparkSession,
+    db: str,
+    table: str,
+    specs: Mapping[Spec, str | None],
+    if_missing: bool = False,
+) -> None:
+    """Register partitions in one metastore call (a location ``None``: the table's default).
+
+    ``if_missing``: a partition that exists already is left as it is; otherwise it fails the
+    call, and no partition is added.
+    """
+    catalog = _catalog(spark)
+    formats = _class(spark, "org.apache.spark.sql.catalyst.catalog.CatalogStorageFormat")
+    now = _class(spark, "java.lang.System").currentTimeMillis()
+    parts = []
+    for spec, location in specs.items():
+        storage = formats.empty()
+        if location is not None:
+            uri = _class(spark, "scala.Option").apply(_class(spark, "java.net.URI")(location))
+            storage = _copied(storage, locationUri=uri)
+        parts.append(
+            _class(spark, "org.apache.spark.sql.catalyst.catalog.CatalogTablePartition")(
+                _scala_map(spark, dict(spec)),
+                storage,
+                _scala_map(spark, {}),
+                now,
+                0,
+                _class(spark, "scala.Option").empty(),
+            )
+        )
+    catalog.createPartitions(_ident(spark, db, table), _scala_list(spark, parts), if_missing)
+
+
+def drop_partition(
+    spark: SparkSession, db: str, table: str, spec: Mapping[str, str], keep_directory: bool = False
+) -> None:
+    """Drop a partition and its directory in one metastore call; a missing one is no error.
+
+    ``keep_directory``: the partition's directory stays, for the next partition of that spec.
+    """
+    specs = _scala_list(spark, [_scala_map(spark, spec)])
+    _catalog(spark).dropPartitions(_ident(spark, db, table), specs, True, False, keep_directory)
 
 
 def _unescape(text: str) -> str:
@@ -104,7 +179,7 @@ def _is_hex(text: str) -> bool:
 def written_partitions(spark: SparkSession, location: str, layout: Sequence[str]) -> list[Spec]:
     """The partitions a write left in ``location``, read from its directory names."""
     fs, path = _path(spark, location)
-    pattern = _jvm(spark).org.apache.hadoop.fs.Path(location + "/*" * len(layout))
+    pattern = _class(spark, "org.apache.hadoop.fs.Path")(location + "/*" * len(layout))
     found = fs.globStatus(pattern) if fs.exists(path) else None
     specs: list[Spec] = []
     for status in found or []:
@@ -117,18 +192,26 @@ def written_partitions(spark: SparkSession, location: str, layout: Sequence[str]
     return specs
 
 
-def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, str]:
+@dataclass(frozen=True)
+class Partition:
+    """A partition as the metastore listed it: its location, and the catalog's own record."""
+
+    location: str
+    #: The catalog's ``CatalogTablePartition``: a swap changes its copy, not read again.
+    record: Any = field(compare=False)
+
+
+def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, Partition]:
     """Every partition of the table with its location, read from the metastore now."""
-    found: dict[Spec, str] = {}
+    found: dict[Spec, Partition] = {}
     listed = _catalog(spark).listPartitions(
-        _ident(spark, db, table), _jvm(spark).scala.Option.empty()
+        _ident(spark, db, table), _class(spark, "scala.Option").empty()
     )
     for i in range(listed.size()):
         part = listed.apply(i)
         spec = _as_dict(spark, part.spec())
-        found[tuple(sorted((k.lower(), v) for k, v in spec.items()))] = str(
-            part.storage().locationUri().get().toString()
-        )
+        location = str(part.storage().locationUri().get().toString())
+        found[tuple(sorted((k.lower(), v) for k, v in spec.items()))] = Partition(location, part)
     return found
 
 
@@ -136,33 +219,39 @@ def partitions(spark: SparkSession, db: str, table: str) -> dict[Spec, str]:
 _STATISTICS = ("totalSize", "numFiles", "numRows", "rawDataSize")
 
 
-def move_partitions(spark: SparkSession, db: str, table: str, moves: Mapping[Spec, str]) -> None:
-    """Point every partition in ``moves`` at its new location in one catalog call."""
-    jvm, catalog, ident = _jvm(spark), _catalog(spark), _ident(spark, db, table)
+def move_partitions(
+    spark: SparkSession,
+    db: str,
+    table: str,
+    moves: Mapping[Spec, str],
+    listed: Mapping[Spec, Partition] | None = None,
+) -> None:
+    """Point every partition in ``moves`` at its new location in one catalog call.
+
+    ``listed``: the partitions as read before (under the table's lock, unchanged since, as
+    its commit counter shows); the others are read now.
+    """
+    catalog, ident = _catalog(spark), _ident(spark, db, table)
     moved = []
     for spec, location in moves.items():
-        part = catalog.getPartition(ident, _scala_map(spark, dict(spec)))
-        storage = part.storage()
-        fields = [storage.productElement(i) for i in range(storage.productArity())]
-        fields[0] = jvm.scala.Option.apply(jvm.java.net.URI(location))
+        known = (listed or {}).get(spec)
+        part = known.record if known else catalog.getPartition(ident, _scala_map(spark, dict(spec)))
+        uri = _class(spark, "scala.Option").apply(_class(spark, "java.net.URI")(location))
         params = _as_dict(spark, part.parameters())
         kept = {k: v for k, v in params.items() if k not in _STATISTICS}
         moved.append(
-            part.copy(
-                part.spec(),
-                storage.copy(*fields),
-                _scala_map(spark, kept),
-                part.createTime(),
-                part.lastAccessTime(),
-                jvm.scala.Option.empty(),
+            _copied(
+                part,
+                storage=_copied(part.storage(), locationUri=uri),
+                parameters=_scala_map(spark, kept),
+                stats=_class(spark, "scala.Option").empty(),
             )
         )
     catalog.alterPartitions(ident, _scala_list(spark, moved))
 
 
 def _path(spark: SparkSession, location: str) -> tuple[Any, Any]:
-    jvm = _jvm(spark)
-    path = jvm.org.apache.hadoop.fs.Path(location)
+    path = _class(spark, "org.apache.hadoop.fs.Path")(location)
     conf = spark._jsc.hadoopConfiguration()  # type: ignore[union-attr]
     return path.getFileSystem(conf), path
 
@@ -186,6 +275,86 @@ def remove(spark: SparkSession, location: str) -> None:
         fs.delete(path, True)
     except Exception:
         pass
+
+
+def _hidden(name: str) -> bool:
+    """Whether Spark's file listing skips a file of this name (``InMemoryFileIndex``)."""
+    return (
+        (name.startswith("_") and "=" not in name)
+        or name.startswith(".")
+        or (name.endswith("._COPYING_"))
+    )
+
+
+#: More files than this are counted by a Spark job: footers are read one at a time.
+FOOTERS_READ = 64
+
+
+def row_count(spark: SparkSession, locations: Sequence[str]) -> int | None:
+    """The rows of the Parquet files in ``locations``, from their footers (no row is read).
+
+    ``None`` where Spark would read something else there (a directory, a summary file, a
+    file that is no Parquet) or there are more than :data:`FOOTERS_READ` files.
+    """
+    conf = spark._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    files = []
+    for location in locations:
+        fs, path = _path(spark, location)
+        if not fs.exists(path):
+            continue
+        for status in fs.listStatus(path):
+            name = str(status.getPath().getName())
+            if name.startswith(("_metadata", "_common_metadata")):
+                return None
+            if _hidden(name):
+                continue
+            if status.isDirectory():
+                return None
+            files.append(status)
+    if len(files) > FOOTERS_READ:
+        return None
+    total = 0
+    for status in files:
+        try:
+            reader = _class(spark, "org.apache.parquet.hadoop.ParquetFileReader").open(
+                _class(spark, "org.apache.parquet.hadoop.util.HadoopInputFile").fromStatus(
+                    status, conf
+                )
+            )
+        except Exception:
+            return None
+        try:
+            total += int(reader.getRecordCount())
+        finally:
+            reader.close()
+    return total
+
+
+def move_files(spark: SparkSession, source: str, target: str) -> list[str]:
+    """Move every file under ``source`` to the same place under ``target``; returns them there.
+
+    A rename of each file (a copy on object storage): the files keep their names, which
+    hold the id of the job that wrote them, so they join a directory without clashing.
+    """
+    fs, path = _path(spark, source)
+    root = str(fs.makeQualified(path).toString()).rstrip("/")
+    moved = []
+    if not fs.exists(path):
+        return moved
+    found = fs.listFiles(path, True)
+    files = []
+    while found.hasNext():
+        files.append(str(found.next().getPath().toString()))
+    for name in files:
+        relative = name[len(root) :].lstrip("/")
+        if any(_hidden(part) for part in relative.split("/")):
+            continue
+        destination = _class(spark, "org.apache.hadoop.fs.Path")(f"{target.rstrip('/')}/{relative}")
+        fs.mkdirs(destination.getParent())
+        if not fs.rename(_class(spark, "org.apache.hadoop.fs.Path")(name), destination):
+            raise OSError(f"could not move {name} to {destination.toString()}")
+        moved.append(str(destination.toString()))
+    return moved
 
 
 def qualified(spark: SparkSession, location: str) -> str:

@@ -8,6 +8,7 @@ pruning; any other input is read as the shared IO manager reads it.
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 import dagster as dg
@@ -16,7 +17,7 @@ from pydantic import Field
 from pyspark.sql import DataFrame
 
 from idem_assets.lib.backends.spark.backend import SparkBackend
-from idem_assets.lib.backends.spark.frames import spark_batch
+from idem_assets.lib.backends.spark.frames import SparkFrame
 from idem_assets.lib.backends.spark.session import SPARK_CONF_FIELD, spark_session
 from idem_assets.lib.dagster_layer.io_manager import (
     IdempotentIOManager,
@@ -27,6 +28,9 @@ from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.settings import WriteMode, WriteSettings
 from idem_assets.lib.write.seam import EngineBatch
 from idem_assets.lib.write.streams import Spilled, Stream
+
+#: The DataFrames evaluated for the output being handled: their copies go once it is handled.
+_EVALUATED: ContextVar[list[SparkFrame] | None] = ContextVar("idem_spark_frames", default=None)
 
 
 class _SparkIOManager(IdempotentIOManager):
@@ -55,15 +59,38 @@ class _SparkIOManager(IdempotentIOManager):
         """``spark_catalog.<schema>.<table>``, as Spark names a table of its session catalog."""
         return f"spark_catalog.{settings.schema}.{settings.table}"
 
-    def _batch(self, obj: object, asset: str) -> pa.Table | EngineBatch | Stream | Spilled:
-        # A Spark DataFrame stays in Spark: the publish stages it there. A stream is staged in
-        # DuckDB on the driver, whose disk Spark's executors read in local mode only.
+    def _batch(
+        self, obj: object, settings: WriteSettings
+    ) -> pa.Table | EngineBatch | Stream | Spilled:
         if isinstance(obj, DataFrame):
-            return spark_batch(obj, asset)
-        batch = super()._batch(obj, asset)
+            # A Spark DataFrame stays in Spark: evaluated once, into its table's version area.
+            with self._backend() as backend:
+                batch = backend.evaluate(obj, settings)
+            evaluated = _EVALUATED.get()
+            if evaluated is not None:
+                evaluated.append(batch.frame)
+            return batch
+        # A stream is staged in DuckDB on the driver, whose disk Spark's executors read in
+        # local mode only.
+        batch = super()._batch(obj, settings)
         if isinstance(batch, Stream | Spilled):
-            refuse_stream_on_cluster(spark_session(self.spark_conf), asset)
+            refuse_stream_on_cluster(spark_session(self.spark_conf), settings.asset)
         return batch
+
+    def handle_output(self, context: dg.OutputContext, obj: object) -> None:
+        """Publish the batch; a DataFrame's evaluated copy is deleted unless a commit kept it.
+
+        A refusal can come before the publish stages the copy, and a publish that lost every
+        commit leaves it for a retry that does not come.
+        """
+        evaluated: list[SparkFrame] = []
+        token = _EVALUATED.set(evaluated)
+        try:
+            super().handle_output(context, obj)
+        finally:
+            _EVALUATED.reset(token)
+            for frame in evaluated:
+                frame.discard()
 
     def load_input(self, context: dg.InputContext) -> Any:
         """A Spark DataFrame of the window for an input typed so; else the shared loader's."""

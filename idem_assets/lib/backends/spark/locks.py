@@ -1,7 +1,7 @@
 """A lock per table that works on any Hive metastore: a partition only one writer can add.
 
-A metastore keeps a partition's spec unique, so ``ALTER TABLE idem_meta.locks ADD PARTITION
-(name = 'db.t')`` succeeds for exactly one writer; the others wait until it is dropped. The
+A metastore keeps a partition's spec unique, so adding partition ``(name = 'db.t')`` to
+``idem_meta.locks`` succeeds for exactly one writer; the others wait until it is dropped. The
 lock is held only for a publish's commit (a few metastore calls), never while Spark computes.
 A writer killed while holding it leaves it behind: a lock older than :data:`LEASE_S` is taken
 over (the metastore's own clock dates it).
@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
@@ -22,10 +23,6 @@ TABLE = "locks"
 WAIT_S = 120.0
 #: A lock this old belongs to a writer that died: commits hold it for seconds.
 LEASE_S = 60.0
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _ensure(spark: SparkSession) -> None:
@@ -41,30 +38,41 @@ def _ensure(spark: SparkSession) -> None:
             raise
 
 
+#: What the catalog raises: through SQL, or through its API (the Java exception's text).
+_CATALOG_ERRORS = (AnalysisException, Py4JJavaError)
+
+
 @contextmanager
 def table_lock(spark: SparkSession, name: str) -> Iterator[None]:
-    """Hold the lock of table ``name`` (``db.table``) for the body."""
-    spec = f"PARTITION (name = {_literal(name)})"
-    if not catalog.table_exists(spark, DATABASE, TABLE):
-        _ensure(spark)
+    """Hold the lock of table ``name`` (``db.table``) for the body.
+
+    The lock's partition is added and dropped through the catalog's API: one metastore call
+    each, without a statement's parsing, refresh and statistics.
+    """
+    spec = {"name": name}
     deadline = time.monotonic() + WAIT_S
     while True:
         try:
-            spark.sql(f"ALTER TABLE {DATABASE}.{TABLE} ADD {spec}")
+            catalog.add_partitions(spark, DATABASE, TABLE, {(("name", name),): None})
             break
-        except AnalysisException as exc:
-            if "NOT_FOUND" in str(exc):
+        except _CATALOG_ERRORS as exc:
+            if "NOT_FOUND" in str(exc) or "NoSuchTable" in str(exc):
                 # The first commit on this metastore: the locks' table is made once.
                 _ensure(spark)
                 continue
             if _contended(exc) and time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
-            if "ALREADY_EXIST" not in str(exc) or time.monotonic() > deadline:
+            if not _taken(exc) or time.monotonic() > deadline:
                 raise
-        created = catalog.partition_created(spark, DATABASE, TABLE, {"name": name})
+        try:
+            created = catalog.partition_created(spark, DATABASE, TABLE, spec)
+        except _CATALOG_ERRORS as exc:
+            if not _contended(exc):
+                raise
+            created = None
         if created is not None and time.time() - created > LEASE_S:
-            spark.sql(f"ALTER TABLE {DATABASE}.{TABLE} DROP IF EXISTS {spec}")
+            catalog.drop_partition(spark, DATABASE, TABLE, spec, keep_directory=True)
             continue
         time.sleep(0.1)
     try:
@@ -73,22 +81,34 @@ def table_lock(spark: SparkSession, name: str) -> Iterator[None]:
         _release(spark, spec)
 
 
+def _taken(exc: Exception) -> bool:
+    """Whether adding the lock failed because another writer holds it."""
+    text = str(exc)
+    return "ALREADY_EXIST" in text or "AlreadyExist" in text
+
+
 def _contended(exc: Exception) -> bool:
     """Whether the metastore's own database refused a statement for a concurrent one.
 
     Derby, a metastore's database in tests, reports two writers of the locks' table as a
-    deadlock and rolls one back: that writer tries again.
+    deadlock and rolls one back, and a lock read while its holder drops it as a missing row
+    ("No such database row"): that writer tries again.
     """
     text = str(exc)
-    return "deadlock" in text or "lock could not be obtained" in text
+    return any(
+        found in text
+        for found in ("deadlock", "lock could not be obtained", "No such database row")
+    )
 
 
-def _release(spark: SparkSession, spec: str, attempts: int = 20) -> None:
+def _release(spark: SparkSession, spec: dict[str, str], attempts: int = 20) -> None:
     for attempt in range(attempts):
         try:
-            spark.sql(f"ALTER TABLE {DATABASE}.{TABLE} DROP IF EXISTS {spec}")
+            # The directory stays: a writer adding the lock meanwhile creates it, and would
+            # fail setting its permissions if it were deleted under it.
+            catalog.drop_partition(spark, DATABASE, TABLE, spec, keep_directory=True)
             return
-        except AnalysisException as exc:
+        except _CATALOG_ERRORS as exc:
             if not _contended(exc) or attempt == attempts - 1:
                 raise
             time.sleep(0.1)

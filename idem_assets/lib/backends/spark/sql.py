@@ -4,7 +4,7 @@ Built as sqlglot trees like every statement of the library (:mod:`idem_assets.li
 rendered in the ``spark`` dialect with named ``:pN`` parameters; values are always bound.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -100,6 +100,47 @@ def select(
         tree = tree.where(exp.not_(exp.paren(condition)) if negate else condition)
     if order:
         tree = tree.order_by(*columns(order))
+    return Statement(render(tree, "spark"), params.values)
+
+
+#: The columns :func:`placed` adds: a row's partition of the window, and whether it is outside.
+CELL = "idem_cell"
+OUTSIDE = "idem_outside"
+
+
+def placed(
+    source: Rel,
+    names: Sequence[str],
+    region: Region,
+    cells: Sequence[Cell],
+    bounds: Mapping[str, tuple[Any, Any]] | None = None,
+) -> Statement:
+    """``names`` of the rows, with where each lies: :data:`CELL` and :data:`OUTSIDE`.
+
+    :data:`CELL` is the row's partition of a range (``''`` in a window of one partition), NULL
+    outside the window; :data:`OUTSIDE` is true outside it, NULL where the row's partition
+    values are (such a row is neither in the window nor outside it). Only rows whose columns
+    lie within ``bounds`` (smallest and largest value per column), which Parquet's statistics
+    skip to.
+    """
+    params = Params()
+    cell: exp.Expr = exp.Literal.string("")
+    if cells:
+        case = exp.Case()
+        for key, box in cells:
+            case = case.when(predicates.box(box, params), params.add(key))
+        cell = case
+    elif region:
+        cell = exp.Case().when(predicates.region(region, params), exp.Literal.string(""))
+    outside = exp.not_(exp.paren(predicates.region(region, params))) if region else exp.false()
+    placements = [exp.alias_(cell, CELL), exp.alias_(outside, OUTSIDE)]
+    tree = exp.select(*columns(names), *placements).from_(relation(source))
+    within = [
+        exp.Between(this=predicates.column(c), low=params.add(lo), high=params.add(hi))
+        for c, (lo, hi) in (bounds or {}).items()
+    ]
+    if within:
+        tree = tree.where(exp.and_(*within))
     return Statement(render(tree, "spark"), params.values)
 
 
