@@ -13,7 +13,7 @@ batches and opens the store, then resets the kernel's peak-RSS mark and does one
 - ``table``: the in-memory path, the same rows first read into one Arrow table (its peak holds
   the table), then ``ia.publish`` of it;
 - ``load``: a streamed load of the window, as an input typed ``pa.RecordBatchReader`` gets it
-  (the engine's reader drained into a Parquet file).
+  (the engine's reader drained into a Parquet file, under the default staging limit).
 
 Peak RSS is the child's whole peak (``VmHWM``) after the reset: what a run worker needs. The
 store holds another day and the target day's previous version, so each write replaces a day.
@@ -38,8 +38,9 @@ import idem_assets as ia
 from benchmarks import data
 from benchmarks.bench_memory import _reset_peak, _status_kb
 from benchmarks.harness import ROOT, Line, Scale
+from idem_assets.lib.write.publish import spill_area
 from idem_assets.lib.write.seam import Backend
-from idem_assets.lib.write.streams import to_parquet
+from idem_assets.lib.write.streams import DEFAULT_MEMORY, memory_limited, to_parquet
 
 #: (rows of the small and the large day, timed rounds) per scale; a warm-up round comes first
 #: at the full scale. The tiny scale only proves the benchmark runs: one child per engine and
@@ -193,7 +194,8 @@ def _once(store: Store, parts: list[pa.RecordBatch], mode: str, rows: int) -> di
         with store.backend() as backend:
             ia.publish(backend, table, settings, window, now=data.NOW)
     else:
-        with store.backend() as backend:
+        # As the IO manager loads a streamed input: under the staging limit where it sorts.
+        with store.backend() as backend, memory_limited(spill_area(backend).conn, DEFAULT_MEMORY):
             reader = backend.load(settings, window, stream=True)
             assert isinstance(reader, pa.RecordBatchReader)
             path = Path(to_parquet(reader))
