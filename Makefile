@@ -26,7 +26,8 @@ test: $(STAMP) browser-deps postgres-deps java-deps
 # The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples; the
 # Iceberg kills (20 per catalog), its races and whole conformance run on the PostgreSQL catalog;
 # the tests marked full (the UI's first backfill of every partition, the printed bad-input
-# command); 15 days of one-run-per-day backfills and 31 in parallel; Spark's 24 driver kills and
+# command, daemon tests whose story make test proves through another test); 15 days of
+# one-run-per-day backfills and 31 in parallel; Spark's 24 driver kills and
 # the whole conformance suite on Spark.
 test-full: $(STAMP) browser-deps postgres-deps java-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider

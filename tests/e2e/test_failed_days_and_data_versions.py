@@ -174,6 +174,10 @@ def backfill(services: DagsterServices, days: list[str]) -> dict[str, Any]:
     return services.client.wait_for_backfill(backfill_id, timeout_s=RUN_TIMEOUT_S)
 
 
+# make test proves this chunk's story through the UI (tests/browser/test_check_partitions.py:
+# the bad day red, the failed chunk retried as one run); this GraphQL version adds the per-day
+# statuses of every check and that no good day ran twice, at the cost of its own services.
+@pytest.mark.full
 def test_a_failed_chunk_shows_its_bad_day_and_a_retry_reruns_only_that_chunk(
     taxi: DagsterServices, landing_dir: Path, tmp_path: Path
 ) -> None:
