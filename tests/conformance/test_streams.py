@@ -179,3 +179,33 @@ def test_a_streamed_upsert_keeps_the_rows_it_does_not_name(store: Store) -> None
 
     assert amounts == {**by_id(events(ALL_DAYS[1])), **by_id(newer)}
     assert len(store.rows("events")) == 3000
+
+
+def test_a_streamed_load_reads_what_a_load_in_memory_reads(store: Store) -> None:
+    """The window's rows, columns, types and order, whether it is streamed or read whole.
+
+    The last day is published after a column was added, so the days before lack it where each
+    day's rows are kept apart (Delta's files); windows of one day and of two, a selection
+    without the partition column, and a window that maps to no partition.
+    """
+    evolving = settings("overwrite", EVOLVING, table="events")
+    tipped = events(ALL_DAYS[2]).append_column("tip", pa.array([0.5] * 1000))
+    cases = [
+        (window(ALL_DAYS[0]), None, False, 1000),
+        (window(*ALL_DAYS[1:]), None, False, 2000),
+        (window(ALL_DAYS[1]), ["tip", "amount"], False, 1000),
+        (window(ALL_DAYS[2]), None, True, 0),
+    ]
+    with store.open() as backend:
+        for day in ALL_DAYS[:2]:
+            ia.publish(backend, events(day), evolving, window(day), now=NOW)
+        ia.publish(backend, tipped, evolving, window(ALL_DAYS[2]), now=NOW)
+        for where, columns, nothing, count in cases:
+            whole: pa.Table = backend.load(evolving, where, nothing, True, columns)
+            reader: pa.RecordBatchReader = backend.load(
+                evolving, where, nothing, True, columns, stream=True
+            )
+            assert isinstance(whole, pa.Table) and isinstance(reader, pa.RecordBatchReader)
+            read = reader.read_all()
+            assert read.schema == whole.schema
+            assert read.to_pylist() == whole.to_pylist() and whole.num_rows == count

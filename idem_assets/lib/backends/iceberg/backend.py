@@ -231,6 +231,9 @@ class IcebergBackend:
         stored = arrow_columns(table.schema())
         wanted = list(names) if names is not None else list(stored)
         schema = pa.schema([pa.field(c, stored[c]) for c in wanted])
+        # The rows keep the columns they are sorted by until sorted, selected or not.
+        held = [*wanted, *(c for c in order if c not in wanted)]
+        held_schema = pa.schema([pa.field(c, stored[c]) for c in held])
         region = stored_region(
             None if nothing else window,
             settings.partition_columns,
@@ -244,13 +247,16 @@ class IcebergBackend:
             for task in tasks:
                 rows = files.in_region(files.read(table.metadata, table, [task], columns), region)
                 full = rows.cast(pa.schema([pa.field(c, stored[c]) for c in rows.column_names]))
-                yield from full.select(wanted).to_batches()
+                yield from full.select(held).to_batches()
 
         sorted_by = ", ".join(quote(c) for c in order)
+        selected = ", ".join(quote(c) for c in wanted)
 
         def query(ev: DuckDBEvaluator) -> str:
-            relation = ev.create(pa.RecordBatchReader.from_batches(schema, parts()))
-            return f"SELECT * FROM {relation}" + (f" ORDER BY {sorted_by}" if order else "")
+            relation = ev.create(pa.RecordBatchReader.from_batches(held_schema, parts()))
+            return f"SELECT {selected} FROM {relation}" + (
+                f" ORDER BY {sorted_by}" if order else ""
+            )
 
         return reading(query, schema)
 

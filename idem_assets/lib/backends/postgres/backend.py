@@ -5,7 +5,8 @@ batch in an embedded DuckDB: nothing goes to the server before they pass, except
 for a merge (a temporary table the transaction drops). Writers of one window queue on transaction-
 scoped advisory locks, one per partition, taken in sorted order, so two writers of a partition can
 never double it while writers of other partitions run in parallel; readers are never blocked. Rows
-travel as Arrow over the ADBC driver's binary COPY.
+travel to the server as Arrow over the ADBC driver's binary COPY, and a window read streamed comes
+back through a server-side cursor, a bounded batch at a time.
 """
 
 import itertools
@@ -19,6 +20,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import adbc_driver_postgresql.dbapi as adbc
 import pyarrow as pa
+from adbc_driver_postgresql import StatementOptions
 
 from idem_assets.lib.backends.postgres import sql
 from idem_assets.lib.backends.postgres.types import (
@@ -69,6 +71,13 @@ KEYS_PREFIX = "idem-keys-"
 OWNERS_TABLE = "idem-table-owners"
 #: Where the records were kept before: one found there is still honoured.
 LEGACY_OWNERS_SCHEMA = "public"
+#: A streamed read's server-side cursor: a name no user's cursor has.
+CURSOR_PREFIX = "idem-read-"
+#: A streamed read's first FETCH: enough rows to measure their width, few enough for any row.
+FIRST_FETCH_ROWS = 1_000
+#: What each later FETCH of a streamed read aims to bring as Arrow; libpq holds about four times
+#: as much while the driver converts it.
+FETCH_BYTES = 4 * 2**20
 #: Pinned per session, so a value read as text (a sample in a message) reads the same for everyone.
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c extra_float_digits=1"
 DIALECT = PostgresTypes()
@@ -347,12 +356,10 @@ class PostgresBackend:
         order = [by_lower.get(c.lower(), c) for c in settings.partition_names]
         target = (settings.schema, settings.table)
         names = selected_columns(columns, cols)
-        self._run(
-            statements.select_window(target, names, region, order, nothing, dialect="postgres")
-        )
+        query = statements.select_window(target, names, region, order, nothing, dialect="postgres")
         if stream:
-            # The driver fetches the result from the server batch by batch as it is read.
-            batches = (_as_stored(b, types) for b in self.cur.fetch_record_batch())
+            batches = _streamed(self.cur, query, types)
+            # The first FETCH now: the read fails here if it fails, and the rows name the schema.
             first = next(batches, None)
             schema = (
                 first.schema
@@ -361,6 +368,7 @@ class PostgresBackend:
             )
             head = [] if first is None else [first]
             return pa.RecordBatchReader.from_batches(schema, itertools.chain(head, batches))
+        self._run(query)
         table = _as_stored(self.cur.fetch_arrow_table(), types)
         return table if arrow else table.to_pandas()
 
@@ -373,9 +381,51 @@ def _execute(cur: Any, statement: str | Statement) -> None:
 def _read(cur: Any, target: Rel, cols: dict[str, str], region: Region) -> pa.RecordBatchReader:
     """Stream a table's rows (one window of it) as Arrow in its stored types."""
     types = _arrow_types(cols, ".".join(target) if isinstance(target, tuple) else target)
-    _execute(cur, statements.select_window(target, list(cols), region, dialect="postgres"))
-    batches = (_as_stored(b, types) for b in cur.fetch_record_batch())
-    return pa.RecordBatchReader.from_batches(pa.schema(list(types.items())), batches)
+    query = statements.select_window(target, list(cols), region, dialect="postgres")
+    return pa.RecordBatchReader.from_batches(
+        pa.schema(list(types.items())), _streamed(cur, query, types)
+    )
+
+
+def _streamed(
+    cur: Any, query: Statement, types: dict[str, pa.DataType]
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``query`` in batches of about :data:`FETCH_BYTES`, in their stored types.
+
+    The driver streams a result only through COPY, which binds no values: a query with bound
+    values comes back whole, every row held by libpq and then converted as one Arrow batch
+    (a 2M-row window took 510 MB in libpq for 115 MB of Arrow). A server-side cursor keeps the
+    values bound and the rows on the server until fetched. It is declared now, in the
+    transaction ``cur`` is in, so the rows are those of this moment and an error is raised
+    here; the cursor closes with the last batch, or else with the transaction.
+    """
+    if not query.params:
+        # Nothing bound (the whole table): the driver's COPY streams it, ``cur`` busy till read.
+        _execute(cur, query)
+        return (_as_stored(b, types) for b in cur.fetch_record_batch())
+    name = CURSOR_PREFIX + uuid.uuid4().hex
+    _execute(cur, sql.declare_cursor(name, query))
+    return _fetched(cur.connection, name, types)
+
+
+def _fetched(conn: Any, name: str, types: dict[str, pa.DataType]) -> Iterator[pa.RecordBatch]:
+    """Fetch cursor ``name`` to its end: a few rows first, to size the rest by their width."""
+    # A statement of its own, kept off COPY, which cannot copy a FETCH out.
+    fetch = conn.cursor(adbc_stmt_kwargs={StatementOptions.USE_COPY.value: "false"})
+    try:
+        rows = FIRST_FETCH_ROWS
+        while True:
+            fetch.execute(sql.fetch_forward(name, rows))
+            got = size = 0
+            for batch in fetch.fetch_record_batch():
+                got, size = got + batch.num_rows, size + batch.nbytes
+                yield _as_stored(batch, types)
+            if got < rows:
+                break
+            rows = max(1, FETCH_BYTES * got // max(size, 1))
+        fetch.execute(sql.close_cursor(name))
+    finally:
+        fetch.close()
 
 
 class PostgresTransaction:
@@ -742,10 +792,9 @@ class PostgresTransaction:
         kept = statements.rows_without_keys(
             target, names, self._keys_table(scope), scope.key, scope.region, dialect=_PG
         )
-        self._run(kept)
         schema = self._staged_rows().schema
         types = dict(zip(schema.names, schema.types, strict=True))
-        found = (_as_stored(b, types).cast(schema) for b in self.cur.fetch_record_batch())
+        found = (b.cast(schema) for b in _streamed(self.cur, kept, types))
         others = self.evaluator.register(pa.RecordBatchReader.from_batches(schema, found))
         cols = ", ".join(quote(c) for c in names)
         # Read once, by the one fingerprint statement: the kept rows' reader cannot rewind.

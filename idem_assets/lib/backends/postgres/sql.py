@@ -109,3 +109,22 @@ def create_key_ranges_index(target: str, columns: Sequence[str]) -> str:
     """
     cols = ", ".join(quoted_columns(columns))
     return f"CREATE INDEX ON {target} USING brin ({cols}) WITH (autosummarize = on)"
+
+
+def declare_cursor(name: str, query: Statement) -> Statement:
+    """A server-side cursor ``name`` over ``query``, its values still bound; in a transaction.
+
+    ``NO SCROLL``: read forward once, so the server keeps no rows already fetched.
+    """
+    return Statement(f"DECLARE {quote(name)} NO SCROLL CURSOR FOR {query.sql}", query.params)
+
+
+def fetch_forward(name: str, rows: int) -> str:
+    """The next ``rows`` rows of cursor ``name`` (fewer at its end, none past it)."""
+    # FETCH takes its count as a literal only; it is a number this module was given.
+    return f"FETCH FORWARD {int(rows)} FROM {quote(name)}"
+
+
+def close_cursor(name: str) -> str:
+    """Close cursor ``name``: the server frees what it held for it (a sort's files)."""
+    return f"CLOSE {quote(name)}"
