@@ -108,8 +108,9 @@ def test_a_dataframe_output_is_published_without_reaching_the_driver(
                 resources=resources(spark_conf, tmp_path),
                 partition_key="2026-01-02",
             )
-    # Only aggregates, catalog reads and fingerprints: never a batch's rows.
-    assert seen and max(n for _, n in seen) < 100, seen
+    # Only aggregates and samples, if anything (the job that evaluates the frame observes what
+    # the guards of an overwrite count): never a batch's rows.
+    assert max((n for _, n in seen), default=0) < 100, seen
     stored = spark.table("main.events")
     assert stored.count() == ROWS
     assert (
