@@ -410,6 +410,9 @@ class Refused:
     error: type[Exception]
     message: str
     hourly: bool = False
+    #: False: Spark broadcasts no side of a join (a batch too big to), so the merge's join
+    #: with the stored rows is a sort-merge one.
+    broadcast: bool = True
 
 
 TWO_DAYS = ("2026-01-01", "2026-01-02")
@@ -458,6 +461,14 @@ REFUSED = {
     "duplicates and a key elsewhere": Refused(
         "merge", "2026-01-02", TWO_DAYS, lambda s, f: _stolen(s, _doubled(f, 1)),
         ia.DuplicateKeyError, "holds 1 extra row(s)",
+    ),
+    "duplicates, sort-merge join": Refused(
+        "merge", "2026-01-02", TWO_DAYS, lambda s, f: _doubled(f, 3),
+        ia.DuplicateKeyError, "holds 3 extra row(s)", broadcast=False,
+    ),
+    "key elsewhere, sort-merge join": Refused(
+        "merge", "2026-01-02", TWO_DAYS, lambda s, f: _stolen(s, f),
+        ia.KeyOutsideWindowError, "1 key(s) of the batch already", broadcast=False,
     ),
     "key elsewhere": Refused(
         "merge", "2026-01-02", TWO_DAYS, lambda s, f: _stolen(s, f),
@@ -508,8 +519,14 @@ def test_a_refused_dataframe_is_refused_as_its_arrow_rows_and_changes_nothing(
     copies = versions(spark, table) if case.stored else set()
     sent = case.change(spark, frame_of(case.key))
     rows = sent.toArrow()
-    with pytest.raises(case.error, match=re.escape(case.message)) as as_frame:
-        ia.publish(backend, backend.evaluate(sent, write), write, win(case.key), now=NOW)
+    threshold = "spark.sql.autoBroadcastJoinThreshold"
+    default = spark.conf.get(threshold)
+    spark.conf.set(threshold, "10MB" if case.broadcast else "-1")
+    try:
+        with pytest.raises(case.error, match=re.escape(case.message)) as as_frame:
+            ia.publish(backend, backend.evaluate(sent, write), write, win(case.key), now=NOW)
+    finally:
+        spark.conf.set(threshold, default)
     with pytest.raises(case.error) as as_arrow:
         ia.publish(backend, rows, write, win(case.key), now=NOW)
 

@@ -387,8 +387,8 @@ _HIT = "idem_hit"
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
-#: The count of a batch key's rows in a merge's join.
-_ROWS = "idem_rows"
+#: The column marking the batch's own keys among the stored rows of a merge's join.
+_SENT = "idem_sent"
 
 
 @dataclass(frozen=True)
@@ -404,12 +404,14 @@ class _Kept:
 class _Joined:
     """What the merge's join with the stored rows counted, besides writing the kept rows."""
 
-    #: The window's rows, those whose key the batch holds, and rows elsewhere it holds a key of.
+    #: The window's rows, those whose key the batch holds, and rows elsewhere it holds a key of
+    #: (counted once each where the batch holds each key once, as :attr:`pairs` shows).
     existing: Counts
     matched: Counts
     elsewhere: int
-    #: The batch's rows beyond the first of each key.
-    duplicates: int
+    #: The pairs of the batch's rows of one key, each row paired with itself too: the batch's
+    #: row count exactly when no key is NULL or sent twice.
+    pairs: int
 
 
 class SparkTransaction:
@@ -566,9 +568,10 @@ class SparkTransaction:
         The job that evaluated a DataFrame counted its rows and those with a NULL partition
         value or key; its copy, laid out by the table's partitions, holds no row outside the
         window when the window covers every partition it wrote; and a merge that writes the
-        window's kept rows beside the batch counts its duplicate keys in that join. A NULL or a
-        stray row (whose refusal the guards' scan counts and samples), a partition the window
-        covers only in part, and a merge that rewrites the window are left to the scan.
+        window's kept rows beside the batch finds in that join that no key is sent twice. A
+        NULL, a stray row or a key sent twice (whose refusal the guards' scan counts and
+        samples), a partition the window covers only in part, and a merge that rewrites the
+        window are left to the scan.
         """
         adopted = self._adopted
         if adopted is None:
@@ -579,12 +582,11 @@ class SparkTransaction:
         if scope.pcols and scope.region and not self._inside(scope, adopted):
             return None
         settings = scope.settings
-        duplicates = 0
         if settings.mode == "merge" and not settings.dedupe_order_by and scope.key:
-            if not self._merges_beside(scope):
+            if not self._merges_beside(scope) or self._join(scope).pairs != adopted.rows:
+                # A key sent twice: the guards' scan counts its extra rows for the refusal.
                 return None
-            duplicates = self._join(scope).duplicates
-        return BatchProfile(adopted.rows, 0, 0, 0, duplicates)
+        return BatchProfile(adopted.rows, 0, 0, 0, 0)
 
     def _inside(self, scope: Scope, adopted: SparkFrame) -> bool:
         """Whether the window covers every partition the evaluated copy holds rows in.
@@ -712,12 +714,12 @@ class SparkTransaction:
     def _write_kept(self, scope: Scope, keys: DataFrame) -> _Joined:
         """Write the window's rows whose key the batch lacks; count the window and the keys.
 
-        One job reads the window's partitions and the other partitions' keys in the batch's key
-        range, joins them with the batch's keys, each with its count of rows, and writes the
-        window's rows that no key replaces into a version directory of their own, observing the
-        window's rows, those the batch replaces, those outside the window it holds a key of,
-        the batch's rows beyond the first of each key, and the written rows' count and hash
-        sum. The write moves them in beside the staged copy.
+        One job reads the window's partitions, the other partitions' keys in the batch's key
+        range and the batch's keys, joins them with the batch's keys, and writes the window's
+        rows that no key replaces into a version directory of their own, observing the window's
+        rows, those the batch replaces, those outside the window it holds a key of, the batch's
+        keys' matches (:attr:`_Joined.pairs`), and the written rows' count and hash sum. The
+        write moves them in beside the staged copy.
         """
         table = self._current()
         order = list(scope.fitted.order)
@@ -727,21 +729,25 @@ class SparkTransaction:
         )
         placed = sql.placed(names, scope.key, scope.region, [], self._bounds(scope))
         outside = self.evaluator.frame(placed).where(F.col(sql.OUTSIDE))
+        # The batch's own keys join it too: a key sent n times matches n * n times, so the
+        # matches of its keys number its rows exactly when none repeats (no grouping of keys,
+        # which costs more than the join).
+        sent = keys.withColumn(_SENT, F.lit(True))
         stored = window.unionByName(outside, allowMissingColumns=True)
-        key_columns = [F.col(f"`{k}`") for k in scope.key]
-        per_key = keys.groupBy(*key_columns).agg(F.count(F.lit(1)).alias(_ROWS))
-        doubled = Observation()
-        # Observed before the join, once per key: a full outer join reads both sides to their
-        # end (a left sort-merge join would stop at the end of the stored rows).
-        per_key = per_key.observe(doubled, *numbered([F.sum(F.col(_ROWS) - 1)]))
-        hits = per_key.select(*key_columns, F.lit(True).alias(_HIT))
-        joined = stored.join(hits, scope.key, "full")
+        stored = stored.unionByName(sent, allowMissingColumns=True)
+        hits = keys.withColumn(_HIT, F.lit(True))
+        joined = stored.join(hits, scope.key, "left")
         inside, hit = F.col(sql.CELL).isNotNull(), F.col(_HIT).isNotNull()
         counts, seen = Observation(), Observation()
         joined = joined.observe(
             counts,
             *numbered(
-                [F.count_if(inside), F.count_if(inside & hit), F.count_if(F.col(sql.OUTSIDE) & hit)]
+                [
+                    F.count_if(inside),
+                    F.count_if(inside & hit),
+                    F.count_if(F.col(sql.OUTSIDE) & hit),
+                    F.count_if(F.col(_SENT) & hit),
+                ]
             ),
         )
         kept = self._as_batch(joined.where(inside & ~hit), order)
@@ -753,18 +759,16 @@ class SparkTransaction:
         location = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
         self._kept = _Kept(location, (0, 0))
         self._write(kept, location)
-        found, written, extra = observed(counts), observed(seen), observed(doubled)
-        if found is None or written is None or extra is None:
+        found, written = observed(counts), observed(seen)
+        if found is None or written is None:
             # The listener never delivered them: count again, and read the kept rows back.
             stored = self._stored_counts(scope)[None]
             matched, elsewhere = self._placed_keys(scope, keys)
-            found = [stored, matched[None], elsewhere]
+            found = [stored, matched[None], elsewhere, keys.join(hits, scope.key).count()]
             written = list(self._read(location).agg(*fingerprint_metrics(order)).first() or ())
-            counted = keys.groupBy(*key_columns).count().agg(F.sum(F.col("count") - 1))
-            extra = list(counted.first() or ())
         self._kept = _Kept(location, (int(written[0]), int(written[1])))
-        existing, matched_n, elsewhere_n = (int(v) for v in found)
-        return _Joined({None: existing}, {None: matched_n}, elsewhere_n, int(extra[0] or 0))
+        existing, matched_n, elsewhere_n, pairs_n = (int(v or 0) for v in found)
+        return _Joined({None: existing}, {None: matched_n}, elsewhere_n, pairs_n)
 
     def _bounds(self, scope: Scope) -> dict[str, tuple[Any, Any]]:
         """The batch's smallest and largest key, per key column where they bound it exactly.
