@@ -1,8 +1,10 @@
 """Spark DataFrames in and out: a DataFrame output is published by Spark jobs alone, and an
 input typed as a DataFrame reads exactly its window's partitions."""
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
 import idem_assets as ia
+from idem_assets.lib.backends.spark import catalog
 from idem_assets.lib.backends.spark.backend import SparkBackend
 from tests.helpers import DAILY
 from tests.spark_session import drop_schema
@@ -105,8 +108,9 @@ def test_a_dataframe_output_is_published_without_reaching_the_driver(
                 resources=resources(spark_conf, tmp_path),
                 partition_key="2026-01-02",
             )
-    # Only aggregates, catalog reads and fingerprints: never a batch's rows.
-    assert seen and max(n for _, n in seen) < 100, seen
+    # Only aggregates and samples, if anything (the job that evaluates the frame observes what
+    # the guards of an overwrite count): never a batch's rows.
+    assert max((n for _, n in seen), default=0) < 100, seen
     stored = spark.table("main.events")
     assert stored.count() == ROWS
     assert (
@@ -322,8 +326,6 @@ def test_a_dataframe_cast_to_the_tables_types_is_written_as_stored(
 def test_a_dataframe_whose_commit_is_lost_starts_over_on_its_one_evaluation(
     spark: Any, schema: str, backend: SparkBackend, tmp_path: Path
 ) -> None:
-    from dataclasses import replace
-
     from tests.helpers import NOW, settings, window
 
     ticks = tmp_path / "ticks"
@@ -350,3 +352,194 @@ def test_a_dataframe_whose_commit_is_lost_starts_over_on_its_one_evaluation(
     stored = spark.table(f"{schema}.events")
     assert stored.count() == ROWS
     assert stored.agg(F.min("amount")).first()[0] == 2
+
+
+HOURLY = dg.HourlyPartitionsDefinition(start_date="2026-01-01-00:00")
+
+
+def small_day(spark: Any, day: str, rows: int = 48) -> DataFrame:
+    """``rows`` events of ``day``, one every 30 minutes from midnight, ids unique per day."""
+    return spark.range(rows).select(
+        (F.lit(int(day.replace("-", "")) * 100_000) + F.col("id")).alias("event_id"),
+        (
+            F.to_timestamp_ntz(F.lit(f"{day} 00:00:00")) + F.make_interval(mins=F.col("id") * 30)
+        ).alias("event_at"),
+        F.col("id").cast("double").alias("amount"),
+    )
+
+
+def _null(frame: DataFrame, column: str, ids: int) -> DataFrame:
+    """``frame`` with ``column`` NULL in its first ``ids`` rows (by ``amount``)."""
+    kind = dict(frame.dtypes)[column]
+    return frame.withColumn(
+        column, F.when(F.col("amount") < ids, F.lit(None).cast(kind)).otherwise(F.col(column))
+    )
+
+
+def _doubled(frame: DataFrame, rows: int) -> DataFrame:
+    """``frame`` with its first ``rows`` rows (by ``amount``) again, 1000 added to ``amount``."""
+    return frame.unionByName(
+        frame.where(F.col("amount") < rows).withColumn("amount", F.col("amount") + 1000)
+    )
+
+
+def _moved(frame: DataFrame, rows: int, by: str) -> DataFrame:
+    """``frame`` with the event time of its first ``rows`` rows moved by interval ``by``."""
+    later = F.col("event_at") + F.expr(f"INTERVAL {by}")
+    return frame.withColumn(
+        "event_at", F.when(F.col("amount") < rows, later).otherwise(F.col("event_at"))
+    )
+
+
+def _stolen(spark: Any, frame: DataFrame) -> DataFrame:
+    """``frame`` plus one event of 2026-01-01 (stored) again, dated like the batch's first."""
+    first = frame.where(F.col("amount") == 0).select("event_at")
+    other = small_day(spark, "2026-01-01").where(F.col("amount") == 1).drop("event_at")
+    return frame.unionByName(other.crossJoin(first).select(*frame.columns))
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A DataFrame a guard refuses: what it writes where, how its rows are spoilt, the refusal."""
+
+    mode: str
+    #: The partition written, and those stored before (none: no table yet).
+    key: str
+    stored: tuple[str, ...]
+    change: Callable[[Any, DataFrame], DataFrame]
+    error: type[Exception]
+    message: str
+    hourly: bool = False
+    #: False: Spark broadcasts no side of a join (a batch too big to), so the merge's join
+    #: with the stored rows is a sort-merge one.
+    broadcast: bool = True
+
+
+TWO_DAYS = ("2026-01-01", "2026-01-02")
+REFUSED = {
+    "null key": Refused(
+        "overwrite", "2026-01-02", TWO_DAYS, lambda s, f: _null(f, "event_id", 2),
+        ia.NullValueError, "2 rows have NULL in key",
+    ),
+    "null time": Refused(
+        "overwrite", "2026-01-02", TWO_DAYS, lambda s, f: _null(f, "event_at", 1),
+        ia.NullValueError, "1 of 48 rows have NULL",
+    ),
+    "stray": Refused(
+        "overwrite", "2026-01-02", TWO_DAYS, lambda s, f: _moved(f, 1, "1 DAY"),
+        ia.StrayRowsError, "1 of 48 rows have 'event_at'",
+    ),
+    "stray, a day before": Refused(
+        "overwrite", "2026-01-02", TWO_DAYS, lambda s, f: _moved(f, 2, "-1 DAY"),
+        ia.StrayRowsError, "2 of 48 rows have 'event_at'",
+    ),
+    "stray hour, same day": Refused(
+        "overwrite", "2026-01-02-05:00", ("2026-01-02-05:00",),
+        lambda s, f: _moved(f, 1, "3 HOURS"), ia.StrayRowsError, "1 of 2 rows have 'event_at'",
+        hourly=True,
+    ),
+    "duplicates": Refused(
+        "merge", "2026-01-02", TWO_DAYS, lambda s, f: _doubled(f, 3),
+        ia.DuplicateKeyError, "holds 3 extra row(s)",
+    ),
+    "duplicates, new day": Refused(
+        "merge", "2026-01-03", TWO_DAYS, lambda s, f: _doubled(f, 2),
+        ia.DuplicateKeyError, "holds 2 extra row(s)",
+    ),
+    "duplicates, new table": Refused(
+        "merge", "2026-01-02", (), lambda s, f: _doubled(f, 2),
+        ia.DuplicateKeyError, "holds 2 extra row(s)",
+    ),
+    "duplicates and a null key": Refused(
+        "merge", "2026-01-02", ("2026-01-02",), lambda s, f: _null(_doubled(f, 3), "event_id", 1),
+        ia.NullValueError, "1 rows have NULL",
+    ),
+    "duplicates and a stray row": Refused(
+        "merge", "2026-01-02", ("2026-01-02",), lambda s, f: _moved(_doubled(f, 3), 1, "1 DAY"),
+        ia.StrayRowsError, "1 of 51 rows",
+    ),
+    "duplicates and a key elsewhere": Refused(
+        "merge", "2026-01-02", TWO_DAYS, lambda s, f: _stolen(s, _doubled(f, 1)),
+        ia.DuplicateKeyError, "holds 1 extra row(s)",
+    ),
+    "duplicates, sort-merge join": Refused(
+        "merge", "2026-01-02", TWO_DAYS, lambda s, f: _doubled(f, 3),
+        ia.DuplicateKeyError, "holds 3 extra row(s)", broadcast=False,
+    ),
+    "key elsewhere, sort-merge join": Refused(
+        "merge", "2026-01-02", TWO_DAYS, lambda s, f: _stolen(s, f),
+        ia.KeyOutsideWindowError, "1 key(s) of the batch already", broadcast=False,
+    ),
+    "key elsewhere": Refused(
+        "merge", "2026-01-02", TWO_DAYS, lambda s, f: _stolen(s, f),
+        ia.KeyOutsideWindowError, "1 key(s) of the batch already",
+    ),
+    "stray, merge": Refused(
+        "merge", "2026-01-02", TWO_DAYS, lambda s, f: _moved(f, 1, "1 DAY"),
+        ia.StrayRowsError, "1 of 48 rows have 'event_at'",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", REFUSED.values(), ids=REFUSED.keys())
+def test_a_refused_dataframe_is_refused_as_its_arrow_rows_and_changes_nothing(
+    spark: Any, schema: str, backend: SparkBackend, case: Refused
+) -> None:
+    """Every guard refuses a DataFrame with the message it gives the same rows sent as Arrow.
+
+    The DataFrame's guards count what the job evaluating it observed, or ride on the merge's
+    join; the Arrow batch's are the embedded evaluator's queries: the two must agree, and
+    neither may change the table or leave a copy behind.
+    """
+    from tests.helpers import NOW, settings
+
+    parts = HOURLY if case.hourly else DAILY
+    extra = {"delete_missing": False} if case.mode == "merge" else {}
+    metadata = {**METADATA, **extra}
+    write = replace(
+        settings(case.mode, metadata, table="events", partitions_def=parts), schema=schema
+    )
+    put = replace(write, mode="overwrite")
+
+    def win(key: str) -> ia.WriteWindow:
+        return ia.window_from_keys(parts, [key], "events")
+
+    def frame_of(key: str) -> DataFrame:
+        if not case.hourly:
+            return small_day(spark, key)
+        hour = int(key[11:13])
+        # The hour's two events, their amounts counted from 0 as a day's are.
+        found = small_day(spark, key[:10]).where(F.hour("event_at") == hour)
+        return found.withColumn("amount", F.col("amount") - 2 * hour)
+
+    for key in case.stored:
+        ia.publish(backend, backend.evaluate(frame_of(key), put), put, win(key), now=NOW)
+    table = f"{schema}.events"
+    before = ia.table_fingerprint(backend, schema, "events")
+    copies = versions(spark, table) if case.stored else set()
+    sent = case.change(spark, frame_of(case.key))
+    rows = sent.toArrow()
+    threshold = "spark.sql.autoBroadcastJoinThreshold"
+    default = spark.conf.get(threshold)
+    spark.conf.set(threshold, "10MB" if case.broadcast else "-1")
+    try:
+        with pytest.raises(case.error, match=re.escape(case.message)) as as_frame:
+            ia.publish(backend, backend.evaluate(sent, write), write, win(case.key), now=NOW)
+    finally:
+        spark.conf.set(threshold, default)
+    with pytest.raises(case.error) as as_arrow:
+        ia.publish(backend, rows, write, win(case.key), now=NOW)
+
+    def decided(exc: BaseException) -> str:
+        """The refusal without its sample (Spark's and DuckDB's pick their rows differently)."""
+        found = str(exc)
+        for word in ("Sample:", "Existing rows:"):
+            found = found.split(word)[0]
+        return found
+
+    assert decided(as_frame.value) == decided(as_arrow.value)
+    assert ia.table_fingerprint(backend, schema, "events") == before
+    if case.stored:
+        assert versions(spark, table) == copies
+    else:
+        assert not catalog.table_exists(spark, schema, "events")

@@ -6,7 +6,6 @@ evaluator), the target through the counts its backend reports. Each guard raises
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -27,6 +26,7 @@ from idem_assets.lib.model.windows import Bound, spans_for
 from idem_assets.lib.sql import statements as batch_sql
 from idem_assets.lib.sql.predicates import Statement
 from idem_assets.lib.write.seam import (
+    BatchProfile,
     Capabilities,
     Counts,
     Evaluator,
@@ -40,17 +40,6 @@ from idem_assets.lib.write.seam import (
 #: which Delta Lake stores as NULL, and Hive's name for the NULL partition, which Polars, Spark,
 #: Arrow and DuckDB read as NULL where deltalake reads the key from its log.
 NULL_KEYS = ("", "__HIVE_DEFAULT_PARTITION__")
-
-
-@dataclass(frozen=True)
-class BatchProfile:
-    """One scan of the staged batch: what every row-level guard needs."""
-
-    rows: int
-    null_partition: int
-    outside: int
-    null_key: int
-    duplicates: int
 
 
 def sample(evaluator: Evaluator, statement: Statement) -> str:

@@ -34,12 +34,14 @@ from idem_assets.lib.write.runtime_values import check_runtime_values
 from idem_assets.lib.write.schema_fit import refuse_repeated_names
 from idem_assets.lib.write.seam import (
     Backend,
+    BatchProfile,
     Capabilities,
     CommitConflict,
     Counts,
     EngineBatch,
     Fitted,
     PartitionColumns,
+    Profiles,
     Scope,
     Snapshot,
     Staged,
@@ -274,7 +276,7 @@ def judge(
     staged = tx.stage(frame, fitted)
     scope = _scope(fitted, staged, snapshot, window, where)
     guards.refuse_unstorable_keys(scope, caps)
-    found = guards.profile(scope)
+    found = _profile(tx, scope)
     if found.outside:
         guards.refuse_rounded_out(scope, found.rows)
     guards.refuse_unsafe_rows(scope, found)
@@ -284,6 +286,12 @@ def judge(
     guards.refuse_keys_elsewhere(scope, summary)
     guards.refuse_removing_appended(scope, summary, caps.engine)
     return scope, summary
+
+
+def _profile(tx: Transaction, scope: Scope) -> BatchProfile:
+    """The batch's profile: the engine's own count where it has one, else the guards' scan."""
+    found = tx.profile(scope) if isinstance(tx, Profiles) else None
+    return found if found is not None else guards.profile(scope)
 
 
 def where_of(settings: WriteSettings, window: WriteWindow | None) -> str:

@@ -216,6 +216,17 @@ class Staged:
 
 
 @dataclass(frozen=True)
+class BatchProfile:
+    """One scan of the staged batch: what every row-level guard needs."""
+
+    rows: int
+    null_partition: int
+    outside: int
+    null_key: int
+    duplicates: int
+
+
+@dataclass(frozen=True)
 class Scope:
     """What one publish writes: the fitted and staged batch, the target and the window."""
 
@@ -369,6 +380,20 @@ class Transaction(Protocol):
 
     def write(self, plan: WritePlan, on_stage: Callable[[str], None]) -> Written:
         """Create, claim, change the schema, then replace or merge the window; nothing commits."""
+        ...
+
+
+@runtime_checkable
+class Profiles(Protocol):
+    """A transaction that counts the batch's profile with work it does anyway, where it can.
+
+    Spark's job that evaluates a DataFrame observes its NULL keys and partition values, and a
+    merge's join with the stored rows counts its duplicate keys: a scan of their own would
+    read the batch once more.
+    """
+
+    def profile(self, scope: Scope) -> BatchProfile | None:
+        """The batch's profile, exactly as the guards' scan counts it; ``None``: scan it."""
         ...
 
 

@@ -68,6 +68,7 @@ from idem_assets.lib.model.windows import Region, WriteWindow, stored_region
 from idem_assets.lib.sql import statements
 from idem_assets.lib.write.evaluator import DuckDBEvaluator, embedded, stored_rows
 from idem_assets.lib.write.seam import (
+    BatchProfile,
     Capabilities,
     CommitConflict,
     Counts,
@@ -204,7 +205,9 @@ class SparkBackend:
         layout = tuple(columns) if usable else ()
         location = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
         time_name = sent_time.name if sent_time is not None else None
-        return spark_batch(frame, settings.asset, location, layout, time_name)
+        groups = [settings.partition_names, tuple(settings.primary_key)]
+        sent = [tuple(names[c.lower()].name for c in g) for g in groups if _all_in(g, names)]
+        return spark_batch(frame, settings.asset, location, layout, time_name, sent)
 
     def table(self, schema: str, table: str) -> _Table:
         """The table as the catalog holds it now (``exists`` False when it has none)."""
@@ -348,6 +351,11 @@ def _exported(frame: DataFrame) -> pa.RecordBatchReader:
     return pa.RecordBatchReader.from_batches(schema, batches())
 
 
+def _all_in(columns: Sequence[str], names: Mapping[str, Any]) -> bool:
+    """Whether ``columns`` are some columns, each of them one of ``names`` (lower-cased)."""
+    return bool(columns) and all(c.lower() in names for c in columns)
+
+
 def _time_column(table: _Table, region: Region) -> str | None:
     """The column of the region's time spans (the one :data:`DAY` is derived from)."""
     for box in region:
@@ -375,6 +383,12 @@ def _literal(text: str) -> str:
 
 #: The column marking a batch key in a merge's join with the stored rows.
 _HIT = "idem_hit"
+#: The value Spark writes a NULL partition value (and the empty text) as.
+_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+#: The column marking the batch's own keys among the stored rows of a merge's join.
+_SENT = "idem_sent"
 
 
 @dataclass(frozen=True)
@@ -384,6 +398,20 @@ class _Kept:
     location: str
     #: Row count and hash sum of the kept rows, observed while they were written.
     fingerprint: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class _Joined:
+    """What the merge's join with the stored rows counted, besides writing the kept rows."""
+
+    #: The window's rows, those whose key the batch holds, and rows elsewhere it holds a key of
+    #: (counted once each where the batch holds each key once, as :attr:`pairs` shows).
+    existing: Counts
+    matched: Counts
+    elsewhere: int
+    #: The pairs of the batch's rows of one key, each row paired with itself too: the batch's
+    #: row count exactly when no key is NULL or sent twice.
+    pairs: int
 
 
 class SparkTransaction:
@@ -406,6 +434,9 @@ class SparkTransaction:
         self._layout: tuple[str, ...] = ()
         self._partitions: dict[Spec, catalog.Partition] | None = None
         self._kept: _Kept | None = None
+        self._joined: _Joined | None = None
+        #: The partitions a version directory holds, listed once.
+        self._written: dict[str, list[Spec]] = {}
         #: Files of the kept rows moved into the staged copy, taken out again if it fails.
         self._moved: list[str] = []
         self._plan: _Plan | None = None
@@ -531,6 +562,54 @@ class SparkTransaction:
             if meets(scope.region, s, scope.time_column)
         }
 
+    def profile(self, scope: Scope) -> BatchProfile | None:
+        """The batch's profile from work done anyway; ``None``: the guards scan the batch.
+
+        The job that evaluated a DataFrame counted its rows and those with a NULL partition
+        value or key; its copy, laid out by the table's partitions, holds no row outside the
+        window when the window covers every partition it wrote; and a merge that writes the
+        window's kept rows beside the batch finds in that join that no key is sent twice. A
+        NULL, a stray row or a key sent twice (whose refusal the guards' scan counts and
+        samples), a partition the window covers only in part, and a merge that rewrites the
+        window are left to the scan.
+        """
+        adopted = self._adopted
+        if adopted is None:
+            return None
+        groups = [tuple(c) for c in (scope.pcols, scope.key) if c]
+        if any(adopted.nulls.get(g) != 0 for g in groups):
+            return None
+        if scope.pcols and scope.region and not self._inside(scope, adopted):
+            return None
+        settings = scope.settings
+        if settings.mode == "merge" and not settings.dedupe_order_by and scope.key:
+            if not self._merges_beside(scope) or self._join(scope).pairs != adopted.rows:
+                # A key sent twice: the guards' scan counts its extra rows for the refusal.
+                return None
+        return BatchProfile(adopted.rows, 0, 0, 0, 0)
+
+    def _inside(self, scope: Scope, adopted: SparkFrame) -> bool:
+        """Whether the window covers every partition the evaluated copy holds rows in.
+
+        A row lies in the partition of its values (the job evaluating it put it there), so
+        then no row is outside the window. A partition of a NULL value (or the empty text,
+        which Spark stores as NULL) is not covered.
+        """
+        if not adopted.layout:
+            return False
+        for spec in self._partitions_in(adopted.location, adopted.layout):
+            if any(v == _NULL_PARTITION for _, v in spec):
+                return False
+            if not covers(scope.region, spec, scope.time_column):
+                return False
+        return True
+
+    def _partitions_in(self, location: str, layout: Sequence[str]) -> list[Spec]:
+        """The partitions a version directory holds (listed once per publish)."""
+        if location not in self._written:
+            self._written[location] = catalog.written_partitions(self.spark, location, layout)
+        return self._written[location]
+
     def summarize(self, scope: Scope, final: bool = False) -> Summary:
         """Rows the window holds now, and for a merge its keys' rows in and outside it."""
         table = self._current()
@@ -541,7 +620,8 @@ class SparkTransaction:
         assert self._staged is not None
         keys = self._staged.select(*[F.col(f"`{k}`") for k in scope.key])
         if self._merges_beside(scope):
-            existing, matched, elsewhere = self._write_kept(scope, keys)
+            joined = self._join(scope)
+            existing, matched, elsewhere = joined.existing, joined.matched, joined.elsewhere
         else:
             existing = self._stored_counts(scope)
             matched, elsewhere = self._placed_keys(scope, keys)
@@ -623,14 +703,23 @@ class SparkTransaction:
             and all(covers(scope.region, s, scope.time_column) for s in self._touched(scope))
         )
 
-    def _write_kept(self, scope: Scope, keys: DataFrame) -> tuple[Counts, Counts, int]:
+    def _join(self, scope: Scope) -> _Joined:
+        """The merge's join with the stored rows (:meth:`_write_kept`), run once per publish."""
+        if self._joined is None:
+            assert self._staged is not None
+            keys = self._staged.select(*[F.col(f"`{k}`") for k in scope.key])
+            self._joined = self._write_kept(scope, keys)
+        return self._joined
+
+    def _write_kept(self, scope: Scope, keys: DataFrame) -> _Joined:
         """Write the window's rows whose key the batch lacks; count the window and the keys.
 
-        One job reads the window's partitions and the other partitions' keys in the batch's key
-        range, joins them with the batch's keys, and writes the window's rows that no key
-        replaces into a version directory of their own, observing the window's rows, those the
-        batch replaces, those outside the window it holds a key of, and the written rows' count
-        and hash sum. The write moves them in beside the staged copy.
+        One job reads the window's partitions, the other partitions' keys in the batch's key
+        range and the batch's keys, joins them with the batch's keys, and writes the window's
+        rows that no key replaces into a version directory of their own, observing the window's
+        rows, those the batch replaces, those outside the window it holds a key of, the batch's
+        keys' matches (:attr:`_Joined.pairs`), and the written rows' count and hash sum. The
+        write moves them in beside the staged copy.
         """
         table = self._current()
         order = list(scope.fitted.order)
@@ -640,7 +729,12 @@ class SparkTransaction:
         )
         placed = sql.placed(names, scope.key, scope.region, [], self._bounds(scope))
         outside = self.evaluator.frame(placed).where(F.col(sql.OUTSIDE))
+        # The batch's own keys join it too: a key sent n times matches n * n times, so the
+        # matches of its keys number its rows exactly when none repeats (no grouping of keys,
+        # which costs more than the join).
+        sent = keys.withColumn(_SENT, F.lit(True))
         stored = window.unionByName(outside, allowMissingColumns=True)
+        stored = stored.unionByName(sent, allowMissingColumns=True)
         hits = keys.withColumn(_HIT, F.lit(True))
         joined = stored.join(hits, scope.key, "left")
         inside, hit = F.col(sql.CELL).isNotNull(), F.col(_HIT).isNotNull()
@@ -648,7 +742,12 @@ class SparkTransaction:
         joined = joined.observe(
             counts,
             *numbered(
-                [F.count_if(inside), F.count_if(inside & hit), F.count_if(F.col(sql.OUTSIDE) & hit)]
+                [
+                    F.count_if(inside),
+                    F.count_if(inside & hit),
+                    F.count_if(F.col(sql.OUTSIDE) & hit),
+                    F.count_if(F.col(_SENT) & hit),
+                ]
             ),
         )
         kept = self._as_batch(joined.where(inside & ~hit), order)
@@ -665,11 +764,11 @@ class SparkTransaction:
             # The listener never delivered them: count again, and read the kept rows back.
             stored = self._stored_counts(scope)[None]
             matched, elsewhere = self._placed_keys(scope, keys)
-            found = [stored, matched[None], elsewhere]
+            found = [stored, matched[None], elsewhere, keys.join(hits, scope.key).count()]
             written = list(self._read(location).agg(*fingerprint_metrics(order)).first() or ())
         self._kept = _Kept(location, (int(written[0]), int(written[1])))
-        existing, matched_n, elsewhere_n = (int(v) for v in found)
-        return {None: existing}, {None: matched_n}, elsewhere_n
+        existing, matched_n, elsewhere_n, pairs_n = (int(v or 0) for v in found)
+        return _Joined({None: existing}, {None: matched_n}, elsewhere_n, pairs_n)
 
     def _bounds(self, scope: Scope) -> dict[str, tuple[Any, Any]]:
         """The batch's smallest and largest key, per key column where they bound it exactly.
@@ -740,6 +839,7 @@ class SparkTransaction:
             kept = self._kept
             # The kept rows join the batch's files in the staged copy's partitions.
             self._moved = catalog.move_files(self.spark, kept.location, adopted.location)
+            self._written.pop(adopted.location, None)
             version, written = adopted.location, self._read(adopted.location)
             (n, h), (kept_n, kept_h) = adopted.fingerprint, kept.fingerprint
             fingerprints = {None: (n + kept_n, h + kept_h)}
@@ -750,7 +850,7 @@ class SparkTransaction:
                 fingerprints = {None: adopted.fingerprint}
         moves: dict[Spec, str] = {}
         if layout:
-            for spec in catalog.written_partitions(self.spark, version, layout):
+            for spec in self._partitions_in(version, layout):
                 moves[spec] = directory(version, spec, layout)
             for spec in touched:
                 if spec not in moves:

@@ -6,14 +6,17 @@ the write read, so they see the same rows even when the frame is not determinist
 a source that changes while the publish runs). The same job observes what the checks before
 staging need (:func:`probe_metrics`): each column's smallest and largest value and, for text, the
 values the run-time check looks for (a uuid of version 1 or 4, bare 32-digit hex), so each of
-them decides on the probe as on the whole batch; and the batch's row count and hash sum, its
-fingerprint once written. The batch never reaches the driver.
+them decides on the probe as on the whole batch; the batch's row count and hash sum, its
+fingerprint once written; and the rows with a NULL partition value or key, which the guards
+would otherwise count in a job of their own. The batch never reaches the driver.
 """
 
+import operator
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
 import pyarrow as pa
@@ -50,6 +53,8 @@ class SparkFrame:
     fingerprint: tuple[int, int]
     #: Each ordered column's smallest and largest value, ``None`` for a column of no value.
     bounds: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    #: Rows with NULL in any of a group of columns, per group the job was asked to count.
+    nulls: dict[tuple[str, ...], int] = field(default_factory=dict)
     #: Set once a commit made ``location`` the table's: it is no longer this batch's to delete.
     committed: bool = False
 
@@ -97,15 +102,22 @@ def arrow_schema(frame: DataFrame, asset: str) -> pa.Schema:
 
 
 def spark_batch(
-    frame: DataFrame, asset: str, location: str, layout: tuple[str, ...], time_column: str | None
+    frame: DataFrame,
+    asset: str,
+    location: str,
+    layout: tuple[str, ...],
+    time_column: str | None,
+    nulls: Sequence[tuple[str, ...]] = (),
 ) -> EngineBatch:
     """``frame`` evaluated once, by the job writing it as sent into ``location``, with its probe.
 
     ``layout`` names the batch columns (and :data:`DAY`, the UTC day of ``time_column``) the
     copy is partitioned by: the table's, so the copy can become the table's partitions as is.
+    The same job counts the rows with NULL in any column of each group of ``nulls`` (the
+    partition columns, the key), which the guards would otherwise scan the copy for.
     """
     schema = arrow_schema(frame, asset)
-    metrics = probe_metrics(frame.schema)
+    metrics = probe_metrics(frame.schema, nulls)
     observation = Observation(f"idem_probe_{uuid.uuid4().hex}")
     out = frame.observe(observation, *metrics)
     if DAY in layout:
@@ -123,21 +135,24 @@ def spark_batch(
         values = observed(observation)
         if values is None:
             # The listener never delivered them: the evaluated copy holds the same rows.
-            values = list(evaluated.read().agg(*probe_metrics(frame.schema)).first() or ())
+            values = list(evaluated.read().agg(*metrics).first() or ())
     except BaseException:
         evaluated.discard()
         raise
-    probe, bounds = _probe(frame.schema, schema, values)
-    evaluated.rows = int(values[-2])
-    evaluated.fingerprint = (int(values[-2]), int(values[-1]))
+    counted = len(values) - len(nulls)
+    probe, bounds = _probe(frame.schema, schema, values[:counted])
+    evaluated.rows = int(values[counted - 2])
+    evaluated.fingerprint = (int(values[counted - 2]), int(values[counted - 1]))
     evaluated.bounds = bounds
+    evaluated.nulls = {group: int(n) for group, n in zip(nulls, values[counted:], strict=True)}
     return EngineBatch(frame=evaluated, probe=probe)
 
 
-def probe_metrics(schema: T.StructType) -> list[Column]:
-    """The aggregates of one pass that make the probe, then the row count and the hash sum.
+def probe_metrics(schema: T.StructType, nulls: Sequence[tuple[str, ...]] = ()) -> list[Column]:
+    """The aggregates of one pass: the probe's, the row count and hash sum, the NULL counts.
 
-    Per ordered column its minimum and maximum; per text column one canonical uuid, the count
+    A NULL count per group of ``nulls``: the rows with NULL in any of its columns. Per ordered
+    column its minimum and maximum; per text column one canonical uuid, the count
     of uuid-like bare hex values and four of them, and one bare hex value that is no uuid.
     """
     found: list[Column] = []
@@ -157,7 +172,14 @@ def probe_metrics(schema: T.StructType) -> list[Column]:
                 F.last(random, ignorenulls=True),
                 F.min(F.when(hexed & ~c.rlike(_RANDOM_HEX), c)),
             ]
-    return numbered([*found, *fingerprint_metrics([f.name for f in schema])])
+    # count(CASE ...), not count_if: Spark rewrites count_if into a projection under the
+    # observation, which moves a limit of the frame above its UDFs (they then see every row).
+    counts = [F.count(F.when(_any_null(group), F.lit(1))) for group in nulls]
+    return numbered([*found, *fingerprint_metrics([f.name for f in schema]), *counts])
+
+
+def _any_null(names: Sequence[str]) -> Column:
+    return reduce(operator.or_, [F.col(f"`{n}`").isNull() for n in names])
 
 
 def fingerprint_metrics(names: Sequence[str]) -> list[Column]:
