@@ -17,6 +17,7 @@ write; delta-rs names a table in no other commit that writes rows, so a table no
 handed over by its user first (the snapshot's handover code).
 """
 
+import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -72,6 +73,14 @@ from idem_assets.lib.write.seam import (
     selected_columns,
 )
 from idem_assets.lib.write.streams import CHUNK_ROWS, Spilled
+
+# delta-rs splits a partitioned write over one writer per CPU, each taking the rows whose
+# partition values hash to it. A day's rows all hash to one, and DataFusion's repartition lets
+# the reader run on while any other writer's queue is empty: every batch the busy writer had not
+# encoded yet waited in memory, so a streamed day of 20M rows took 1.7 GB. With one writer its
+# queue is bounded. delta-rs reads the setting once, at the first partitioned write of the
+# process; one the user set is kept.
+os.environ.setdefault("DELTARS_MAX_CONCURRENT_WRITERS", "1")
 
 if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
