@@ -589,6 +589,12 @@ class DeltaTransaction:
         spilled = self._spilled
         if spilled is None:
             return nullcontext()
+        # delta-rs frees the batches DuckDB hands it on its own threads. Without its background
+        # thread DuckDB's allocator kept that memory while a data file was written, and gave it
+        # back only between files: a 20M-row day peaked at 1.1 GB, with the thread at 0.9 GB.
+        # The setting is the process's, as DuckDB's allocator is.
+        with spilled.area.cursor() as cursor:
+            cursor.execute("SET allocator_background_threads = true").fetchall()
         return memory_lent(spilled.area.conn, spilled.memory, SCAN_MEMORY)
 
     def _staged(self) -> StagedRows:
