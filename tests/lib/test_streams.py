@@ -463,6 +463,31 @@ def test_memory_limits_of_overlapping_publishes_come_back_as_they_were() -> None
     assert limit() == "16383.9 PiB"
 
 
+def test_a_publish_lends_its_share_of_the_limit_and_takes_it_back() -> None:
+    """While one publish's engine writes, its share is cut; the others keep what they asked."""
+    from idem_assets.lib.write.streams import memory_lent, memory_limited
+
+    conn = duckdb.connect()
+
+    def limit() -> str:
+        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    default = limit()
+    with memory_limited(conn, "256MB"):
+        with memory_lent(conn, "256MB", "32MB"):
+            assert limit() == "30.5 MiB"
+        assert limit() == "244.1 MiB"
+        with memory_limited(conn, "128MB"), memory_lent(conn, "256MB", "32MB"):
+            assert limit() == "122.0 MiB"
+        assert limit() == "244.1 MiB"
+        # A share nobody asked for is not lent.
+        with memory_lent(conn, "512MB", "32MB"):
+            assert limit() == "244.1 MiB"
+    with memory_lent(conn, "256MB", "32MB"):
+        assert limit() == default
+    assert limit() == default
+
+
 def test_categories_beyond_a_small_index_survive_the_staged_copy(tmp_path: Path) -> None:
     """Pages of pandas categoricals, each under 128 categories, more than 128 across pages."""
 

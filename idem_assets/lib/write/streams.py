@@ -553,6 +553,35 @@ def memory_limited(conn: duckdb.DuckDBPyConnection, memory: str) -> Iterator[Non
                 del _LIMITS[key]
 
 
+@contextlib.contextmanager
+def memory_lent(conn: duckdb.DuckDBPyConnection, memory: str, kept: str) -> Iterator[None]:
+    """One publish's share ``memory`` of ``conn``'s limit cut to ``kept`` while the block runs.
+
+    For an engine that writes the staged rows while DuckDB only scans them: DuckDB writes out
+    what it held past ``kept`` and frees it for the engine's writer. The database's other
+    publishes keep what they asked for; one whose limit no publish set is left as it is.
+    """
+    asked, smaller = _size(memory), _size(kept)
+    key = _database(conn)
+    with _LIMITS_LOCK:
+        held = _LIMITS.get(key)
+        if held is None or asked not in held.asked:
+            held = None
+        else:
+            held.asked[held.asked.index(asked)] = smaller
+            # Past a full temporary directory DuckDB keeps what it holds: the write goes on.
+            with contextlib.suppress(duckdb.Error):
+                _run(conn, f"SET memory_limit = '{max(held.asked, key=_bytes)}'")
+    try:
+        yield
+    finally:
+        if held is not None:
+            with _LIMITS_LOCK:
+                held.asked[held.asked.index(smaller)] = asked
+                with contextlib.suppress(Exception):
+                    _run(conn, f"SET memory_limit = '{max(held.asked, key=_bytes)}'")
+
+
 def _run(conn: duckdb.DuckDBPyConnection, statement: str) -> None:
     # A cursor of its own: the connection may be another thread's, or hold an open result.
     with conn.cursor() as cursor:
