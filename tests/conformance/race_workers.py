@@ -27,8 +27,11 @@ def publish_at_barrier(
     keys: Sequence[str],
     barrier: Any,
     report: multiprocessing.connection.Connection,
+    streamed: bool = False,
 ) -> None:
     """Publish one batch; the first time it reaches ``before_commit``, wait at ``barrier``.
+
+    ``streamed``: the batch is sent as a RecordBatchReader, staged before the guards judge it.
 
     Reports ``("held", "", "")`` on reaching the barrier, then ``("committed", rows, "")`` or
     ``("error", class name, message)``. A broken (aborted) barrier lets the writer go on.
@@ -50,7 +53,7 @@ def publish_at_barrier(
         with open_backend() as backend:
             result = ia.publish(
                 backend,
-                batch,
+                batch.to_reader() if streamed else batch,
                 settings(mode, metadata, table=table),
                 window(*keys),
                 now=NOW,

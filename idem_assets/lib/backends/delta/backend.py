@@ -28,6 +28,7 @@ import duckdb
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import Transaction
 
 from idem_assets.lib.backends.delta.errors import denied, log_damage, lost_commit, refused_rows
 from idem_assets.lib.backends.delta.layout import (
@@ -93,6 +94,8 @@ READ_BUFFER = 1 << 20
 SCAN_MEMORY = "32MB"
 #: What a commit writes: a table in memory, or the rows of a streamed batch read as they go.
 Rows: TypeAlias = pa.Table | pa.RecordBatchReader
+#: The application id of every merge's commit (a Delta ``txn`` action): see ``_merging``.
+MERGE_APP_ID = "idem_assets:merge"
 _PRUNABLE_KEY_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "VARCHAR", "DATE"}
 
 CAPABILITIES = Capabilities(
@@ -654,7 +657,7 @@ class DeltaTransaction:
                     mode="overwrite",
                     predicate=where,
                     schema_mode="merge" if adds else None,
-                    commit_properties=self._commit_properties(),
+                    commit_properties=self._commit_properties(**self._merging(scope)),
                     **self.backend.writing(),
                 )
             return snap.table.version()
@@ -679,7 +682,7 @@ class DeltaTransaction:
                     on,
                     source_alias="s",
                     target_alias="t",
-                    commit_properties=self._commit_properties(),
+                    commit_properties=self._commit_properties(**self._merging(scope)),
                     **self.backend.writing(),
                 )
                 .when_matched_update_all()
@@ -713,6 +716,21 @@ class DeltaTransaction:
             **self.backend.writing(),
         )
         return 0
+
+    def _merging(self, scope: Scope) -> dict[str, Any]:
+        """For a merge's commit, the application transaction every merge of the table records.
+
+        Two commits recording one application id conflict, whichever files they touch. A merge
+        written as the window's overwrite reads only its window, and delta-rs let it commit
+        beside a merge of another day that stored one of its keys meanwhile (so did a MERGE
+        that keeps the window's other rows, scoped to the window): the key then lived in both
+        days. Recorded by every merge, the later of two such commits starts over, and its
+        guards see the key the other stored.
+        """
+        table = self._current().table
+        if scope.settings.mode != "merge" or table is None:
+            return {}
+        return {"app_transactions": [Transaction(MERGE_APP_ID, table.version() + 1)]}
 
     def _commit_properties(self, **options: Any) -> CommitProperties | None:
         """The commit's properties: the IO manager's custom metadata and ``options``."""
