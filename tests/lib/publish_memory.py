@@ -1,11 +1,12 @@
 """Publish one streamed day through any backend in a fresh process and print its peaks as JSON.
 
-``python -m tests.lib.publish_memory`` reads a pickled ``(open_backend, rows, memory)`` from
-stdin. It publishes a first small day streamed (the imports, the store, the engine's writer
+``python -m tests.lib.publish_memory`` reads a pickled ``(open_backend, rows, memory, mode)``
+from stdin. It publishes a first small day streamed (the imports, the store, the engine's writer
 started once), then ``rows`` trips of the same day as a RecordBatchReader staged under
-``memory``. It prints how far that publish raised the peak, how far its commit alone raised
-it (from the process's size as the commit began), the batch's size as Arrow, and the day's
-rows and fingerprint as stored.
+``memory``, both with ``mode`` ("overwrite", or "merge" on ``trip_id``: the day's first trips
+updated, the others inserted). It prints the process's peak, how far that publish raised it,
+how far its commit alone raised it (from the process's size as the commit began), the batch's
+size as Arrow, and the day's rows and fingerprint as stored.
 """
 
 import json
@@ -57,13 +58,16 @@ def resident() -> int:
 
 
 def main() -> None:
-    open_backend, rows, memory = pickle.load(sys.stdin.buffer)
-    write = settings("overwrite", {"partition_expr": "pickup_at"})
+    open_backend, rows, memory, mode = pickle.load(sys.stdin.buffer)
+    key = {"primary_key": ["trip_id"]} if mode == "merge" else {}
+    write = settings(mode, {"partition_expr": "pickup_at", **key})
     first = next(batches(BATCH))
     before_commit: list[int] = []
+    staged_peak: list[int] = []
 
     def on_stage(stage: str) -> None:
         if stage == "before_commit":
+            staged_peak.append(peak())
             # Writing 5 resets the peak to the size now (Linux >= 4.0): what follows is the
             # commit's own.
             Path("/proc/self/clear_refs").write_text("5")
@@ -75,7 +79,7 @@ def main() -> None:
         baseline = peak()
         source = pa.RecordBatchReader.from_batches(first.schema, batches(rows))
         ia.publish(backend, source, write, window(DAY), now=NOW, memory=memory, on_stage=on_stage)
-        increase = peak() - baseline
+        increase = max(peak(), *staged_peak) - baseline
         commit = peak() - before_commit[-1]
         found = backend.fingerprint(TableRef("main", "trips"), "pickup_at", window(DAY))
         fingerprint = ia.table_fingerprint(backend, "main", "trips", "pickup_at", window(DAY))
@@ -83,6 +87,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "peak": max(peak(), *staged_peak),
                 "peak_increase": increase,
                 "commit_increase": commit,
                 "batch_bytes": size,

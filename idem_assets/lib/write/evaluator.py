@@ -66,14 +66,21 @@ class DuckDBEvaluator:
         query, params = (statement, []) if isinstance(statement, str) else statement
         return self.conn.sql(query, params=list(params) or None).to_arrow_reader(CHUNK_ROWS)
 
-    def create(self, rows: pa.RecordBatchReader | str, prefix: str = STORED_PREFIX) -> str:
+    def create(
+        self, rows: pa.RecordBatchReader | str | Statement, prefix: str = STORED_PREFIX
+    ) -> str:
         """A table of the database holding ``rows``, dropped on release; its quoted name.
 
-        ``rows`` is a reader (read once) or a query.
+        ``rows`` is a reader (read once) or a query (with its values).
         """
         name = prefix + uuid.uuid4().hex
-        source = f"({rows})" if isinstance(rows, str) else self.register(rows)
-        self.conn.execute(f"CREATE TABLE {quote(name)} AS SELECT * FROM {source}").fetchall()
+        params: Sequence[Any] = ()
+        if isinstance(rows, Statement):
+            source, params = f"({rows.sql})", rows.params
+        else:
+            source = f"({rows})" if isinstance(rows, str) else self.register(rows)
+        create = f"CREATE TABLE {quote(name)} AS SELECT * FROM {source}"
+        self.conn.execute(create, list(params)).fetchall()
         self._tables.append(name)
         return quote(name)
 

@@ -628,19 +628,46 @@ class DeltaTransaction:
             rows = self.evaluator.one(f"SELECT count(*) FROM {written}")[0]
         on_stage("deleted")
         snap = self._current()
-        data = self._stored(written, settings)
-        after = self._after(scope, written, names)
         if settings.mode == "overwrite" or snap.table is None:
-            self._pending = self._overwrite(scope, data, adds)
-        elif adds:
-            # delta-rs's schema-merging MERGE commits the table's metadata without its name,
-            # which records the owner: the window as the merge leaves it is written instead,
-            # as the window's overwrite (one commit, the name kept).
-            merged = self.evaluator.create(f"SELECT * FROM {after}")
-            self._pending = self._overwrite(scope, self._stored(merged, settings), adds)
+            after = self._after(scope, written, names)
+            self._pending = self._overwrite(scope, self._stored(written, settings), adds)
+        elif adds or self._rewrites(scope):
+            # The window as the merge leaves it is written instead, as the window's overwrite
+            # (one commit): delta-rs's schema-merging MERGE commits the table's metadata without
+            # its name, which records the owner, and its MERGE holds the whole batch in memory
+            # (its hash join cannot spill), where DuckDB computes the window under the staging
+            # limit and the overwrite writes it a batch at a time.
+            after = self._merged(scope, written, names)
+            self._pending = self._overwrite(scope, self._stored(after, settings), adds)
         else:
-            self._pending = self._merge(scope, data)
+            after = self._after(scope, written, names)
+            self._pending = self._merge(scope, self._stored(written, settings))
         return Written(rows=rows, fingerprints=self._fingerprints(scope, after, names))
+
+    def _rewrites(self, scope: Scope) -> bool:
+        """Whether a merge of a streamed batch is written as the window's overwrite.
+
+        Not on an append-only table: its merges may only add rows, and an overwrite removes
+        the window's files.
+        """
+        return self._spilled is not None and not scope.snapshot.append_only
+
+    def _merged(self, scope: Scope, written: str, columns: list[str]) -> str:
+        """The window as the merge leaves it: the batch, and for an upsert the rows it keeps.
+
+        Those go into a table of the embedded DuckDB (spilled past the staging limit), the
+        window's rows read from its files one batch at a time.
+        """
+        if scope.settings.delete_missing:
+            return written
+        snap = self._current()
+        assert snap.table is not None and snap.schema is not None
+        names = snap.schema.names
+        files = _window_files(snap.table, snap.partition_by, scope.region, names)
+        target = self.evaluator.register(files, _TARGET_PREFIX).strip('"')
+        window = statements.select_window(target, names, scope.region)
+        merged = self._after_query(scope, written, columns, f"({window.sql})")
+        return self.evaluator.create(Statement(merged, window.params))
 
     def _overwrite(self, scope: Scope, data: Callable[[], Rows], adds: bool) -> Callable[[], int]:
         """The commit that replaces the window with ``data`` (or creates the table with it)."""
@@ -741,7 +768,19 @@ class DeltaTransaction:
 
     def _after(self, scope: Scope, written: str, columns: list[str]) -> str:
         """A relation holding the window as the pending commit leaves it (without the day)."""
-        ev = self.evaluator
+        relation = self._after_query(scope, written, columns)
+        name = quote(_TARGET_PREFIX + uuid.uuid4().hex)
+        self.evaluator.conn.execute(f"CREATE TEMP VIEW {name} AS {relation}")
+        self._views.append(name)
+        return name
+
+    def _after_query(
+        self, scope: Scope, written: str, columns: list[str], window: str | None = None
+    ) -> str:
+        """The query of the window as the pending commit leaves it.
+
+        ``window``: a relation of the window's stored rows, if not the snapshot's files.
+        """
         cols = ", ".join(quote(c) for c in columns)
         relation = f"SELECT {cols} FROM {written}"
         settings = scope.settings
@@ -754,14 +793,11 @@ class DeltaTransaction:
             kept = ", ".join(
                 f"t.{quote(c)}" if c in stored else f"NULL AS {quote(c)}" for c in columns
             )
+            stored_rows = window or quote(self._target(scope))
             relation += (
-                f" UNION ALL SELECT {kept} FROM {quote(self._target(scope))} t"
-                f" ANTI JOIN {written} s ON {on}"
+                f" UNION ALL SELECT {kept} FROM {stored_rows} t ANTI JOIN {written} s ON {on}"
             )
-        name = quote(_TARGET_PREFIX + uuid.uuid4().hex)
-        ev.conn.execute(f"CREATE TEMP VIEW {name} AS {relation}")
-        self._views.append(name)
-        return name
+        return relation
 
     def _fingerprints(self, scope: Scope, after: str, columns: list[str]) -> Fingerprints:
         """Count and hash sum of the window as the held-back commit leaves it.
