@@ -41,6 +41,7 @@ from idem_assets.lib.backends.spark.evaluator import SparkEvaluator
 from idem_assets.lib.backends.spark.frames import (
     SparkFrame,
     day_of,
+    fingerprint,
     fingerprint_metrics,
     numbered,
     observed,
@@ -766,7 +767,7 @@ class SparkTransaction:
             matched, elsewhere = self._placed_keys(scope, keys)
             found = [stored, matched[None], elsewhere, keys.join(hits, scope.key).count()]
             written = list(self._read(location).agg(*fingerprint_metrics(order)).first() or ())
-        self._kept = _Kept(location, (int(written[0]), int(written[1])))
+        self._kept = _Kept(location, fingerprint(written))
         existing, matched_n, elsewhere_n, pairs_n = (int(v or 0) for v in found)
         return _Joined({None: existing}, {None: matched_n}, elsewhere_n, pairs_n)
 
