@@ -14,6 +14,7 @@ the engines whose guards read the batch there (:class:`SpillArea`).
 
 import atexit
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -239,9 +240,13 @@ class SpillArea:
     """The DuckDB connection a streamed batch is staged in, and how its view lives there."""
 
     conn: duckdb.DuckDBPyConnection
-    #: A TEMP view of this connection (the target's own DuckDB, whose every transaction runs on
-    #: it), or a view of the database every cursor of the embedded DuckDB sees.
+    #: A TEMP table or view of this connection (the target's own DuckDB, whose every transaction
+    #: runs on it), or one of the database every cursor of the embedded DuckDB sees.
     temporary: bool
+    #: Whether a stream outgrowing half the limit moves to a :class:`SpillFile`, for an engine
+    #: that writes by scanning the copy; otherwise it stays in a table DuckDB evicts to its
+    #: temporary files (Delta Lake's write, which the limit is lent to, takes less memory so).
+    files: bool = False
 
     @contextlib.contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -452,11 +457,12 @@ def spill(
     """Read ``stream`` once into a new table of ``area``; the caller limits the memory.
 
     The table is held in memory while the rows take at most half of ``memory``; a stream
-    outgrowing that moves to a :class:`SpillFile`, where the rest of it follows.
+    outgrowing that moves to a :class:`SpillFile`, where the rest of it follows, in an area
+    that stages in files (:attr:`SpillArea.files`).
     """
     name = SPILL_PREFIX + uuid.uuid4().hex
     counted = _Counted(stream, progress)
-    cap = _bytes(memory) / 2
+    cap = _bytes(memory) / 2 if area.files else math.inf
     file = None
     sources: list[str] = []
     with area.cursor() as cursor:
