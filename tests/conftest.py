@@ -51,12 +51,12 @@ def _read_storage_migrations_once() -> None:
 
 
 #: Tests that start dagster-daemon, the webserver or Chromium run one after another in their
-#: group, each group on one worker (`make test` runs two, `--dist loadgroup`): the browser tests
+#: group, each group on one worker (`make test` runs four, `--dist loadgroup`): the browser tests
 #: with the demo test, whose `make demo` folder they share (the `made_demo` fixture, built once
-#: per worker), and the e2e tests. The two groups are the largest units of work, so xdist hands
-#: them out first (it orders units by their number of tests) and each worker starts on one;
-#: in-process tests fill the gaps, as the services mostly wait on ticks and polls. One group for
-#: all of them was a single chain of 40 minutes that capped the whole run.
+#: per worker), and the e2e tests. With the two modules below they are the four largest units of
+#: work, so xdist hands them out first (it orders units by their number of tests) and each worker
+#: starts on one; in-process tests fill the gaps, as the services mostly wait on ticks and polls.
+#: One group for all of them was a single chain of 40 minutes that capped the whole run.
 SERVICE_GROUPS = {
     "tests/browser/": "browser",
     "tests/defs/test_demo.py": "browser",

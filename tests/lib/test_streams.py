@@ -556,3 +556,61 @@ def test_nanosecond_timestamps_are_floored_in_the_copy_a_file_reader_gets(tmp_pa
         written = pq.read_table(staged.parquet())
     assert written.schema.field("at").type == pa.timestamp("us")
     assert written.column("at").cast(pa.int64()).to_pylist() == [-2, 1, 86_399_999_999]
+
+
+def _spill_files() -> list[str]:
+    from idem_assets.lib.write.streams import SPILL_FILE_PREFIX, spill_root
+
+    return sorted(p.name for p in spill_root().glob(f"{SPILL_FILE_PREFIX}*"))
+
+
+def _attached(conn: duckdb.DuckDBPyConnection) -> list[str]:
+    from idem_assets.lib.write.streams import SPILL_FILE_PREFIX
+
+    found = conn.execute("SELECT database_name FROM duckdb_databases()").fetchall()
+    return [name for (name,) in found if name.startswith(SPILL_FILE_PREFIX)]
+
+
+@pytest.mark.parametrize(("copies", "files"), [(1, True), (400, True), (400, False)])
+def test_a_stream_outgrowing_half_the_limit_moves_to_a_file_removed_after(
+    copies: int, files: bool
+) -> None:
+    """Held in memory while small; past half the limit in a DuckDB file, deleted at the end.
+
+    Only in an area that stages in files; elsewhere DuckDB evicts the table as it grows.
+    """
+    from idem_assets.lib.write.evaluator import embedded_database
+    from idem_assets.lib.write.streams import SpillArea, as_stream, spilled
+
+    day = pa.concat_tables([day_table(DAYS[1])] * copies).combine_chunks()
+    # 16MB, the least a limit may be: the 400 copies (about 16 MB as Arrow) outgrow 8 MB.
+    outgrows = day.nbytes > 8 * 10**6
+    assert outgrows == (copies == 400)
+    source = as_stream(stream(day), "test")
+    assert source is not None
+    area = SpillArea(embedded_database(), temporary=False, files=files)
+    with spilled(source, area, memory="16MB") as staged:
+        assert (staged.file is not None) == (outgrows and files)
+        files = _spill_files()
+        if staged.file is not None:
+            # With its write-ahead log while the rows are small enough to sit there.
+            assert {name.split(".")[0] for name in files} == {staged.file.alias}
+            assert _attached(area.conn) == [staged.file.alias]
+        else:
+            assert (files, _attached(area.conn)) == ([], [])
+        # Every row, in the stream's order: the first batches, then the rest after the move.
+        assert staged.reader().read_all().equals(day)
+    assert (_spill_files(), _attached(area.conn)) == ([], [])
+
+
+def test_a_publish_staged_in_a_file_leaves_none_behind(tmp_path: Path) -> None:
+    """Written from the file, or refused with nothing changed: no file or database remains."""
+    day = pa.concat_tables([day_table(DAYS[1])] * 400)
+    write = settings("overwrite", MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, stream(day), write, window(DAYS[1]), now=NOW, memory="16MB")
+        assert rows(conn) == sorted(frame_rows(trips(DAYS[1])) * 400)
+        with pytest.raises(ia.StrayRowsError):
+            ia.publish(conn, stream(day), write, window(DAYS[2]), now=NOW, memory="16MB")
+        assert rows(conn) == sorted(frame_rows(trips(DAYS[1])) * 400)
+        assert (_spill_files(), _attached(conn)) == ([], [])

@@ -1,19 +1,20 @@
-"""Streamed batches: read once into a DuckDB table that spills to disk, judged and written from it.
+"""Streamed batches: read once into a DuckDB table on disk, judged and written from it.
 
 An asset may return a stream instead of a table: a pyarrow ``RecordBatchReader``, an iterator of
 record batches (or tables, or pandas or Polars frames), a Polars ``LazyFrame`` or a DuckDB
-relation. The publish reads it exactly once, into a table of a DuckDB database held under a
-memory limit past which DuckDB writes to a temporary directory (:func:`spill`); the guards judge
-that copy, and the engine's write reads it back batch by batch. No step holds the batch whole, so
-the memory a publish takes is set by the limit, not by the batch.
+relation. The publish reads it exactly once, into a table of a DuckDB database file of its own
+(:class:`SpillFile`), written under a memory limit (:func:`spill`); the guards judge that copy,
+and the engine's write reads it back batch by batch. No step holds the batch whole, so the
+memory a publish takes is set by the limit, not by the batch.
 
-Where the copy lives is the engine's choice: in the target's own database for DuckDB (its write
-is then one ``INSERT ... SELECT`` inside the engine), in the process's embedded DuckDB for the
-engines whose guards read the batch there (:class:`SpillArea`).
+Where the file is attached is the engine's choice: to the target's own database for DuckDB (its
+write is then one ``INSERT ... SELECT`` inside the engine), to the process's embedded DuckDB for
+the engines whose guards read the batch there (:class:`SpillArea`).
 """
 
 import atexit
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -44,6 +45,7 @@ CHUNK_ROWS = 122_880
 PROGRESS_SECONDS = 10.0
 #: The library's own table names are not plain identifiers, so no user table can have one.
 SPILL_PREFIX = "idem-spill-"
+SPILL_FILE_PREFIX = "idem-spill-file-"
 #: Bare-hex values a probe keeps: the run-time check needs four to call a column uuid4().hex.
 _HEX_SAMPLE = 4
 
@@ -235,18 +237,22 @@ def cast_reader(reader: pa.RecordBatchReader, schema: pa.Schema | None) -> pa.Re
 
 @dataclass(frozen=True)
 class SpillArea:
-    """The DuckDB connection a streamed batch is staged in, and how its table lives there."""
+    """The DuckDB connection a streamed batch is staged in, and how its view lives there."""
 
     conn: duckdb.DuckDBPyConnection
-    #: A TEMP table of this connection (the target's own DuckDB, whose every transaction runs on
-    #: it), or a table of the database every cursor of the embedded DuckDB sees.
+    #: A TEMP table or view of this connection (the target's own DuckDB, whose every transaction
+    #: runs on it), or one of the database every cursor of the embedded DuckDB sees.
     temporary: bool
+    #: Whether a stream outgrowing half the limit moves to a :class:`SpillFile`, for an engine
+    #: that writes by scanning the copy; otherwise it stays in a table DuckDB evicts to its
+    #: temporary files (Delta Lake's write, which the limit is lent to, takes less memory so).
+    files: bool = False
 
     @contextlib.contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """Where statements on the staged table run.
 
-        The connection itself for a TEMP table, else a cursor of their own (closed after),
+        The connection itself for a TEMP view, else a cursor of their own (closed after),
         which another's open result cannot block.
         """
         if self.temporary:
@@ -256,15 +262,60 @@ class SpillArea:
             yield cursor
 
 
+@dataclass(frozen=True)
+class SpillFile:
+    """A DuckDB database file of one staged batch, attached to its area's database.
+
+    A table of a database file is stored compressed (a third of its size as Arrow), where a
+    table in memory spills to DuckDB's temporary files as it is held: past the memory limit
+    every scan of the copy (each guard's, the write's) then reads far less from disk.
+    """
+
+    alias: str
+    path: Path
+
+    @classmethod
+    def attach(cls, area: SpillArea) -> "SpillFile":
+        """A new, empty file in this process's staging folder, attached to ``area``'s database."""
+        alias = SPILL_FILE_PREFIX + uuid.uuid4().hex
+        path = spill_root() / f"{alias}.duckdb"
+        # A cursor of its own: the database sees the file from every connection, and the
+        # area's connection may hold an open result (a relation being staged from it).
+        with area.conn.cursor() as cursor:
+            cursor.execute(f"ATTACH ? AS {quote(alias)}", [str(path)]).fetchall()
+        return cls(alias, path)
+
+    def table(self, name: str) -> str:
+        """The qualified name of the file's table ``name``."""
+        return f"{quote(self.alias)}.main.{quote(name)}"
+
+    def detach(self, area: SpillArea) -> None:
+        """Detach the file from ``area``'s database and remove it."""
+        with contextlib.suppress(duckdb.Error), area.conn.cursor() as cursor:
+            cursor.execute(f"DETACH DATABASE IF EXISTS {quote(self.alias)}").fetchall()
+        for path in (self.path, self.path.with_name(self.path.name + ".wal")):
+            path.unlink(missing_ok=True)
+
+
 class Spilled:
     """A streamed batch staged once in a DuckDB table, where the guards read it."""
 
     def __init__(
-        self, area: SpillArea, name: str, schema: pa.Schema, rows: int, memory: str
+        self,
+        area: SpillArea,
+        name: str,
+        schema: pa.Schema,
+        rows: int,
+        memory: str,
+        file: "SpillFile | None" = None,
     ) -> None:
-        """The table ``name`` of ``area`` holding ``rows`` rows of ``schema`` (the source's)."""
+        """``rows`` rows of ``schema`` (the source's) read as ``name`` of ``area``.
+
+        ``name`` is a table of ``area`` held in memory, or a view over the table of ``file``.
+        """
         self.area = area
         self.name = name
+        self.file = file
         #: The columns and types as the asset returned them; reads are cast back to them.
         self.schema = schema
         self.num_rows = rows
@@ -273,7 +324,7 @@ class Spilled:
 
     @property
     def relation(self) -> str:
-        """The staged table's quoted name."""
+        """The quoted name the staged rows are read by: their table, or a view over it."""
         return quote(self.name)
 
     def reader(self) -> pa.RecordBatchReader:
@@ -329,23 +380,42 @@ class Spilled:
     def derived(self, query: str) -> "Spilled":
         """A staged copy of ``query``'s rows over this one (a deduplication), this one dropped."""
         name = SPILL_PREFIX + uuid.uuid4().hex
-        kind = "TEMP TABLE" if self.area.temporary else "TABLE"
-        with self.area.cursor() as cursor:
-            cursor.execute(f"CREATE {kind} {quote(name)} AS {query}").fetchall()
-            rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()[0][0]
-        self.drop()
-        return Spilled(self.area, name, self.schema, int(rows), self.memory)
+        try:
+            with self.area.cursor() as cursor:
+                if self.file is None:
+                    cursor.execute(f"CREATE {_kind(self.area)} {quote(name)} AS {query}").fetchall()
+                else:
+                    table = self.file.table(name)
+                    cursor.execute(f"CREATE TABLE {table} AS {query}").fetchall()
+                    _view(cursor, self.area, name, table)
+                rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()[0][0]
+        except BaseException:
+            self.drop()
+            raise
+        # The copy keeps the file, if any: only this one's rows go.
+        self._drop_rows()
+        return Spilled(self.area, name, self.schema, int(rows), self.memory, self.file)
 
     def batch(self) -> EngineBatch:
         """This staged copy as the publish takes a batch that stays in its engine."""
         return EngineBatch(frame=self, probe=probe(self), values=self.chunks)
 
     def drop(self) -> None:
-        """Drop the staged table; DuckDB frees its memory and temporary files."""
+        """Drop the staged rows, and the file holding them; DuckDB frees their memory."""
         if self._parquet is not None:
             shutil.rmtree(Path(self._parquet).parent, ignore_errors=True)
-        with contextlib.suppress(duckdb.Error):
-            self.area.conn.execute(f"DROP TABLE IF EXISTS {self.relation}").fetchall()
+        self._drop_rows()
+        if self.file is not None:
+            self.file.detach(self.area)
+
+    def _drop_rows(self) -> None:
+        # A cursor of its own (for a TEMP table, the connection): an open result cannot refuse it.
+        with contextlib.suppress(duckdb.Error), self.area.cursor() as cursor:
+            if self.file is None:
+                cursor.execute(f"DROP TABLE IF EXISTS {self.relation}").fetchall()
+                return
+            cursor.execute(f"DROP VIEW IF EXISTS {self.relation}").fetchall()
+            cursor.execute(f"DROP TABLE IF EXISTS {self.file.table(self.name)}").fetchall()
 
 
 @contextlib.contextmanager
@@ -384,29 +454,37 @@ def spilled(
 def spill(
     stream: Stream, area: SpillArea, memory: str, progress: Progress = no_progress
 ) -> Spilled:
-    """Read ``stream`` once into a new table of ``area``; the caller limits the memory."""
+    """Read ``stream`` once into a new table of ``area``; the caller limits the memory.
+
+    The table is held in memory while the rows take at most half of ``memory``; a stream
+    outgrowing that moves to a :class:`SpillFile`, where the rest of it follows, in an area
+    that stages in files (:attr:`SpillArea.files`).
+    """
     name = SPILL_PREFIX + uuid.uuid4().hex
-    kind = "TEMP TABLE" if area.temporary else "TABLE"
     counted = _Counted(stream, progress)
+    cap = _bytes(memory) / 2 if area.files else math.inf
+    file = None
+    sources: list[str] = []
     with area.cursor() as cursor:
         try:
             if stream.parquet is not None:
-                cursor.execute(
-                    f"CREATE {kind} {quote(name)} AS SELECT * FROM read_parquet(?)",
-                    [stream.parquet],
-                ).fetchall()
+                source = "read_parquet(?)"
+                if _parquet_bytes(stream.parquet) <= cap:
+                    _create(cursor, area, name, source, [stream.parquet])
+                else:
+                    file = SpillFile.attach(area)
+                    _create_in(cursor, area, file, name, source, [stream.parquet])
             else:
-                source = "idem-source-" + uuid.uuid4().hex
-                cursor.register(source, counted.reader())
-                try:
-                    cursor.execute(
-                        f"CREATE {kind} {quote(name)} AS SELECT * FROM {quote(source)}"
-                    ).fetchall()
-                finally:
-                    cursor.unregister(source)
+                head = _Head(counted.batches(), cap)
+                first = _registered(cursor, head.reader(stream.schema), sources)
+                _create(cursor, area, name, first)
+                if head.outgrown:
+                    file = _moved(cursor, area, name)
+                    rest = pa.RecordBatchReader.from_batches(stream.schema, head.rest)
+                    into = f"INSERT INTO {file.table(name)} SELECT * FROM"
+                    cursor.execute(f"{into} {_registered(cursor, rest, sources)}").fetchall()
         except BaseException as exc:
-            with contextlib.suppress(duckdb.Error):
-                cursor.execute(f"DROP TABLE IF EXISTS {quote(name)}").fetchall()
+            _drop_staged(cursor, area, name, file)
             if stream.relation and "result" in str(exc) and counted.error is None:
                 raise _busy_relation() from exc
             # The source's own error, not DuckDB's wrapping of it, says what went wrong.
@@ -414,12 +492,122 @@ def spill(
                 raise counted.error from exc
             raise
         finally:
+            for source in sources:
+                with contextlib.suppress(duckdb.Error):
+                    cursor.unregister(source)
             stream.cleanup()
         rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()
-    staged = Spilled(area, name, plain(stream.schema), int(rows[0][0]) if rows else 0, memory)
+    count = int(rows[0][0]) if rows else 0
+    staged = Spilled(area, name, plain(stream.schema), count, memory, file)
     refuse_lost_types(staged)
-    progress(f"Staged {staged.num_rows:,} rows in {counted.elapsed():.1f} s (DuckDB, {memory}).")
+    held = "in memory" if file is None else "on disk"
+    progress(
+        f"Staged {staged.num_rows:,} rows in {counted.elapsed():.1f} s (DuckDB, {memory}, {held})."
+    )
     return staged
+
+
+def _kind(area: SpillArea) -> str:
+    return "TEMP TABLE" if area.temporary else "TABLE"
+
+
+def _view(cursor: duckdb.DuckDBPyConnection, area: SpillArea, name: str, table: str) -> None:
+    """The view ``name`` the guards and the write read ``table`` through."""
+    kind = "TEMP VIEW" if area.temporary else "VIEW"
+    cursor.execute(f"CREATE {kind} {quote(name)} AS SELECT * FROM {table}").fetchall()
+
+
+def _create(
+    cursor: duckdb.DuckDBPyConnection,
+    area: SpillArea,
+    name: str,
+    source: str,
+    params: list[Any] | None = None,
+) -> None:
+    """The in-memory table ``name`` of ``area`` holding ``source``'s rows."""
+    cursor.execute(
+        f"CREATE {_kind(area)} {quote(name)} AS SELECT * FROM {source}", params or []
+    ).fetchall()
+
+
+def _create_in(
+    cursor: duckdb.DuckDBPyConnection,
+    area: SpillArea,
+    file: SpillFile,
+    name: str,
+    source: str,
+    params: list[Any] | None = None,
+) -> None:
+    """The table ``name`` of ``file`` holding ``source``'s rows, read as the view ``name``."""
+    table = file.table(name)
+    cursor.execute(f"CREATE TABLE {table} AS SELECT * FROM {source}", params or []).fetchall()
+    _view(cursor, area, name, table)
+
+
+def _moved(cursor: duckdb.DuckDBPyConnection, area: SpillArea, name: str) -> SpillFile:
+    """The in-memory table ``name`` moved into a new file, read by a view of that name."""
+    file = SpillFile.attach(area)
+    try:
+        table = file.table(name)
+        cursor.execute(f"CREATE TABLE {table} AS SELECT * FROM {quote(name)}").fetchall()
+        cursor.execute(f"DROP TABLE {quote(name)}").fetchall()
+        _view(cursor, area, name, table)
+    except BaseException:
+        file.detach(area)
+        raise
+    return file
+
+
+def _drop_staged(
+    cursor: duckdb.DuckDBPyConnection, area: SpillArea, name: str, file: SpillFile | None
+) -> None:
+    """Whatever a failed staging left: the table or view ``name``, and the file."""
+    with contextlib.suppress(duckdb.Error):
+        cursor.execute(f"DROP VIEW IF EXISTS {quote(name)}").fetchall()
+    with contextlib.suppress(duckdb.Error):
+        cursor.execute(f"DROP TABLE IF EXISTS {quote(name)}").fetchall()
+    if file is not None:
+        file.detach(area)
+
+
+def _registered(
+    cursor: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader, names: list[str]
+) -> str:
+    """``reader`` registered on ``cursor`` under a name of its own, added to ``names``."""
+    source = "idem-source-" + uuid.uuid4().hex
+    cursor.register(source, reader)
+    names.append(source)
+    return quote(source)
+
+
+def _parquet_bytes(path: str) -> int:
+    """The rows of a Parquet file as they take memory, uncompressed."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(path)
+    return sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+
+
+class _Head:
+    """A stream's first batches, up to ``cap`` bytes; :attr:`rest` goes on where they end."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], cap: float) -> None:
+        self.rest, self.cap = batches, cap
+        #: Whether the stream went on past the cap (its first batches are then all read).
+        self.outgrown = False
+
+    def reader(self, schema: pa.Schema) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(schema, self._batches())
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        size = 0
+        # Returning from the loop leaves the stream open: the rest is read from where it stops.
+        for batch in self.rest:
+            yield batch
+            size += batch.nbytes
+            if size > self.cap:
+                self.outgrown = True
+                return
 
 
 def _busy_relation() -> SchemaMismatchError:
@@ -454,11 +642,7 @@ class _Counted:
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
-    def reader(self) -> pa.RecordBatchReader:
-        assert self.stream.reader is not None
-        return pa.RecordBatchReader.from_batches(self.stream.schema, self._batches())
-
-    def _batches(self) -> Iterator[pa.RecordBatch]:
+    def batches(self) -> Iterator[pa.RecordBatch]:
         assert self.stream.reader is not None
         said = self.start
         try:

@@ -117,7 +117,7 @@ class DuckDBBackend:
 
     def spill_area(self) -> SpillArea:
         """A streamed batch is staged in this connection, so the write copies it in the engine."""
-        return SpillArea(self.conn, temporary=True)
+        return SpillArea(self.conn, temporary=True, files=True)
 
     def fingerprint(
         self, table: TableRef, partition_columns: PartitionColumns, window: WriteWindow | None

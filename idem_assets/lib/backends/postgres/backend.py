@@ -38,7 +38,7 @@ from idem_assets.lib.sql import statements
 from idem_assets.lib.sql.predicates import Statement, has_expression
 from idem_assets.lib.sql.statements import Rel
 from idem_assets.lib.write.evaluator import Counted as _Counted
-from idem_assets.lib.write.evaluator import StagedRows, embedded, staged_rows
+from idem_assets.lib.write.evaluator import StagedRows, embedded, embedded_database, staged_rows
 from idem_assets.lib.write.schema_fit import StoredDigits, change_sql
 from idem_assets.lib.write.seam import (
     Capabilities,
@@ -57,7 +57,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
-from idem_assets.lib.write.streams import Spilled
+from idem_assets.lib.write.streams import SpillArea, Spilled
 
 if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
@@ -275,6 +275,14 @@ class PostgresBackend:
     def _rows(self, statement: str | Statement) -> list[tuple[Any, ...]]:
         self._run(statement)
         return self.cur.fetchall()
+
+    def spill_area(self) -> SpillArea:
+        """A streamed batch is staged in the embedded DuckDB, in a file once it is big.
+
+        The write scans the copy once, for the server's COPY: a compressed file is read back
+        with less work than a table evicted to DuckDB's temporary files.
+        """
+        return SpillArea(embedded_database(), temporary=False, files=True)
 
     @contextmanager
     def begin(self, where: str) -> Iterator["PostgresTransaction"]:

@@ -41,6 +41,7 @@ from idem_assets.lib.backends.spark.evaluator import SparkEvaluator
 from idem_assets.lib.backends.spark.frames import (
     SparkFrame,
     day_of,
+    fingerprint,
     fingerprint_metrics,
     numbered,
     observed,
@@ -376,6 +377,30 @@ def _unchanged(batch: SparkFrame, fitted: Fitted, layout: tuple[str, ...]) -> bo
     )
 
 
+def _stored_layout(
+    table: _Table, settings: WriteSettings, types: Mapping[str, pa.DataType]
+) -> tuple[str, ...]:
+    """The partition columns the batch is stored by: the table's, or a new table's."""
+    if table.exists:
+        return table.layout
+    time_column = settings.time_column if settings.partition_columns else None
+    kind = types.get(time_column) if time_column else None
+    timestamp = kind is not None and pa.types.is_timestamp(kind)
+    return new_layout(time_column, timestamp, list(settings.partition_names))
+
+
+def _stored_struct(
+    order: Sequence[str], types: Mapping[str, pa.DataType], layout: Sequence[str]
+) -> T.StructType:
+    """How a copy of the batch as stored is read: its data columns, then the layout's.
+
+    Every column nullable, as Spark reads any Parquet file; :data:`DAY` a date.
+    """
+    kinds = {c: spark_type(types[c]) for c in order} | {DAY: T.DateType()}
+    names = [*[c for c in order if c not in layout], *layout]
+    return T.StructType([T.StructField(c, kinds[c], True) for c in names])
+
+
 def _literal(text: str) -> str:
     """A Spark SQL string literal (Spark escapes with backslashes)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -482,31 +507,35 @@ class SparkTransaction:
         settings = fitted.settings
         types = {f.stored_name: f.stored_type for f in fitted.columns}
         order = list(fitted.order)
+        time_column = settings.time_column if settings.partition_columns else None
+        layout = self._layout = _stored_layout(table, settings, types)
+        if isinstance(batch, SparkFrame):
+            self._frame = batch
+            if batch.location.startswith(f"{table.root}/") and _unchanged(batch, fitted, layout):
+                # The evaluated copy already holds the batch as stored, laid out as the table:
+                # nothing is written or cast, so no DataFrame is built over it but its reader.
+                self._struct = _stored_struct(order, types, layout)
+                self._stage_dir = batch.location
+                self._staged = self._read(self._stage_dir)
+                relation = self.evaluator.register(self._staged)
+                return Staged(relation=relation, evaluator=self.evaluator)
         local = None
         if isinstance(batch, pa.Table):
             local = stored_rows(batch, fitted)
             frame = self.spark.createDataFrame(local, schema=spark_schema(local.schema))
         else:
-            if isinstance(batch, SparkFrame):
-                self._frame = batch
-                sent = batch.read()
-            else:
-                sent = self.spark.read.parquet(batch.parquet())
+            sent = (
+                batch.read()
+                if isinstance(batch, SparkFrame)
+                else self.spark.read.parquet(batch.parquet())
+            )
             by_name = {f.stored_name: f for f in fitted.columns}
             frame = sent.select(
                 *[F.col(f"`{by_name[c].name}`").cast(spark_type(types[c])).alias(c) for c in order]
             )
-        time_column = settings.time_column if settings.partition_columns else None
-        if table.exists:
-            layout = table.layout
-        else:
-            kind = types.get(time_column) if time_column else None
-            timestamp = kind is not None and pa.types.is_timestamp(kind)
-            layout = new_layout(time_column, timestamp, list(settings.partition_names))
         if DAY in layout:
             assert time_column is not None
             frame = frame.withColumn(DAY, day_of(time_column, types[time_column]))
-        self._layout = layout
         data = [c for c in order if c not in layout]
         fields = {f.name: f for f in frame.schema}
         self._struct = T.StructType([fields[c] for c in (*data, *layout)])
@@ -514,16 +543,8 @@ class SparkTransaction:
             self._staged = frame
             self._duck = embedded()
             return Staged(relation=self._duck.register(local), evaluator=self._duck)
-        if (
-            isinstance(batch, SparkFrame)
-            and batch.location.startswith(f"{table.root}/")
-            and _unchanged(batch, fitted, layout)
-        ):
-            # The evaluated copy already holds the batch as stored, laid out as the table.
-            self._stage_dir = batch.location
-        else:
-            self._stage_dir = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
-            self._write(frame, self._stage_dir)
+        self._stage_dir = f"{table.root}/{VERSIONS}/{uuid.uuid4().hex}"
+        self._write(frame, self._stage_dir)
         self._staged = self._read(self._stage_dir)
         return Staged(relation=self.evaluator.register(self._staged), evaluator=self.evaluator)
 
@@ -766,7 +787,7 @@ class SparkTransaction:
             matched, elsewhere = self._placed_keys(scope, keys)
             found = [stored, matched[None], elsewhere, keys.join(hits, scope.key).count()]
             written = list(self._read(location).agg(*fingerprint_metrics(order)).first() or ())
-        self._kept = _Kept(location, (int(written[0]), int(written[1])))
+        self._kept = _Kept(location, fingerprint(written))
         existing, matched_n, elsewhere_n, pairs_n = (int(v or 0) for v in found)
         return _Joined({None: existing}, {None: matched_n}, elsewhere_n, pairs_n)
 

@@ -1,7 +1,7 @@
 """Spark's catalog and file system through its JVM: partition locations, one-call swaps, files.
 
 SQL can move one partition at a time (``ALTER TABLE ... PARTITION ... SET LOCATION``); the
-window's partitions move together only through ``SessionCatalog.alterPartitions``, which a Hive
+window's partitions move together only through the catalog's ``alterPartitions``, which a Hive
 metastore runs as one ``alter_partitions`` transaction. That API is Spark's own, not public, so
 the ``spark`` extra pins Spark's minor version and this module is the only one that uses it.
 """
@@ -21,6 +21,20 @@ Spec = tuple[tuple[str, str], ...]
 
 def _catalog(spark: SparkSession) -> Any:
     return spark._jsparkSession.sessionState().catalog()  # type: ignore[union-attr]
+
+
+def _external(spark: SparkSession, db: str, table: str) -> tuple[Any, str, str]:
+    """The metastore's catalog, and ``db.table`` spelled as the session's catalog spells it.
+
+    The session's catalog checks the database and the table before every call, and reads the
+    table again for a partition call: a metastore round trip each, which cost a commit more
+    than its own calls. The calls here name the table exactly, so they go straight to the
+    metastore (through Spark's wrapper that posts catalog events), with the names formatted
+    as the session's catalog would (lower case unless ``spark.sql.caseSensitive``).
+    """
+    qualified = _catalog(spark).qualifyIdentifier(_ident(spark, db, table))
+    external = spark._jsparkSession.sharedState().externalCatalog()  # type: ignore[union-attr]
+    return external, str(qualified.database().get()), str(qualified.table())
 
 
 def _class(spark: SparkSession, name: str) -> Any:
@@ -67,15 +81,19 @@ def table_info(
     spark: SparkSession, db: str, table: str
 ) -> tuple[str, tuple[str, ...], dict[str, str], T.StructType] | None:
     """The table's location, partition columns, properties and schema; ``None``: no table."""
-    catalog, ident = _catalog(spark), _ident(spark, db, table)
-    if not catalog.tableExists(ident):
+    external, db, table = _external(spark, db, table)
+    if not external.tableExists(db, table):
         return None
-    meta = catalog.getTableMetadata(ident)
+    meta = external.getTable(db, table)
+    # As the session's catalog reads it: CHAR and VARCHAR columns hold strings.
+    chars = _class(spark, "org.apache.spark.sql.catalyst.util.CharVarcharUtils")
     return (
         str(meta.location().toString()),
         tuple(str(n) for n in _json(spark, meta.partitionColumnNames())),
         _as_dict(spark, meta.properties()),
-        T.StructType.fromJson(json.loads(meta.schema().json())),
+        T.StructType.fromJson(
+            json.loads(chars.replaceCharVarcharWithStringInSchema(meta.schema()).json())
+        ),
     )
 
 
@@ -103,15 +121,15 @@ def advance(
     One read and one write of the table's metadata, as ``ALTER TABLE ... SET TBLPROPERTIES``
     without the statement's parsing and analysis, which cost more than the calls.
     """
-    catalog, ident = _catalog(spark), _ident(spark, db, table)
-    meta = catalog.getTableRawMetadata(ident)
+    external, db, table = _external(spark, db, table)
+    meta = external.getTable(db, table)
     found = meta.properties().get(counter)
     now = int(found.get()) if found.isDefined() else 0
     if now != seen:
         return now
     changed = {**values, counter: str(seen + 1)}
     properties = getattr(meta.properties(), "$plus$plus")(_scala_map(spark, changed))
-    catalog.alterTable(_copied(meta, properties=properties))
+    external.alterTable(_copied(meta, properties=properties))
     return now
 
 
@@ -231,11 +249,15 @@ def move_partitions(
     ``listed``: the partitions as read before (under the table's lock, unchanged since, as
     its commit counter shows); the others are read now.
     """
-    catalog, ident = _catalog(spark), _ident(spark, db, table)
+    external, db, table = _external(spark, db, table)
     moved = []
     for spec, location in moves.items():
         known = (listed or {}).get(spec)
-        part = known.record if known else catalog.getPartition(ident, _scala_map(spark, dict(spec)))
+        part = (
+            known.record
+            if known
+            else external.getPartition(db, table, _scala_map(spark, dict(spec)))
+        )
         uri = _class(spark, "scala.Option").apply(_class(spark, "java.net.URI")(location))
         params = _as_dict(spark, part.parameters())
         kept = {k: v for k, v in params.items() if k not in _STATISTICS}
@@ -247,7 +269,8 @@ def move_partitions(
                 stats=_class(spark, "scala.Option").empty(),
             )
         )
-    catalog.alterPartitions(ident, _scala_list(spark, moved))
+    # Every location is absolute (under the table's root): nothing for the session to qualify.
+    external.alterPartitions(db, table, _scala_list(spark, moved))
 
 
 def _path(spark: SparkSession, location: str) -> tuple[Any, Any]:
