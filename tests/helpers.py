@@ -1,6 +1,9 @@
 """Helpers every test and benchmark shares: the partitions, a fixed clock, settings, windows."""
 
 import json
+import pickle
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -145,3 +148,19 @@ def step_failure(result: dg.ExecuteInProcessResult) -> str:
     data = failed[0].step_failure_data
     assert data is not None and data.error is not None
     return data.error.to_string()
+
+
+def run_child(module: str, spec: object) -> dict[str, Any]:
+    """Run ``python -m module`` with ``spec`` pickled on its stdin; the JSON of its last line.
+
+    A fresh process for what must be measured alone (a peak RSS), or must not share this one's
+    imports and caches.
+    """
+    found = subprocess.run(
+        [sys.executable, "-m", module],
+        input=pickle.dumps(spec),
+        capture_output=True,
+        timeout=600,
+        check=True,
+    )
+    return json.loads(found.stdout.decode().splitlines()[-1])

@@ -1,18 +1,15 @@
 """A streamed day published to Delta Lake takes memory set by the staging limit, not the day."""
 
-import json
-import pickle
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 import idem_assets as ia
 from idem_assets.lib.backends.delta.backend import DeltaBackend
-from tests.helpers import NOW, settings, window
+from tests.helpers import NOW, run_child, settings, window
 from tests.lib.publish_memory import BATCH, DAY, batches
 
 #: A child publishes a streamed day and reports its peaks: ``python -m tests.lib.publish_memory``.
@@ -28,25 +25,11 @@ def test_a_streamed_commit_takes_less_memory_than_its_batch(tmp_path: Path) -> N
     them, and its allocator the batches delta-rs had freed: the commit alone raised the peak by
     1.5 times the batch. It now raises it by a fraction of it, and the day holds every row.
     """
-    spec = (partial(DeltaBackend, str(tmp_path / "lake")), ROWS, "256MB", "overwrite")
-    found = subprocess.run(
-        [sys.executable, "-m", PUBLISH_WORKER],
-        input=pickle.dumps(spec),
-        capture_output=True,
-        timeout=600,
-        check=True,
-    )
-    published = json.loads(found.stdout.decode().splitlines()[-1])
+    published = _published(tmp_path, ROWS, "overwrite")
     assert published["batch_bytes"] == 216_000_000
     assert published["commit_increase"] < published["batch_bytes"] / 2, published
-    first = next(batches(BATCH))
-    with duckdb.connect(str(tmp_path / "same.duckdb")) as conn:
-        source = pa.RecordBatchReader.from_batches(first.schema, batches(ROWS))
-        write = settings("overwrite", {"partition_expr": "pickup_at"})
-        ia.publish(conn, source, write, window(DAY), now=NOW)
-        same = ia.table_fingerprint(conn, "main", "trips", "pickup_at", window(DAY))
     assert published["stored"] == ROWS
-    assert published["fingerprint"] == same
+    assert published["fingerprint"] == _fingerprint_of(tmp_path, ROWS)
 
 
 MERGED_ROWS = 4_000_000
@@ -60,22 +43,24 @@ def test_a_streamed_merge_takes_less_memory_than_its_batch(tmp_path: Path) -> No
     leaves it is now written as the window's overwrite from the staged rows, and the day
     holds every row.
     """
-    spec = (partial(DeltaBackend, str(tmp_path / "lake")), MERGED_ROWS, "256MB", "merge")
-    found = subprocess.run(
-        [sys.executable, "-m", PUBLISH_WORKER],
-        input=pickle.dumps(spec),
-        capture_output=True,
-        timeout=600,
-        check=True,
-    )
-    published = json.loads(found.stdout.decode().splitlines()[-1])
+    published = _published(tmp_path, MERGED_ROWS, "merge")
     assert published["batch_bytes"] == 144_000_000
     assert published["commit_increase"] < published["batch_bytes"], published
+    assert published["stored"] == MERGED_ROWS
+    assert published["fingerprint"] == _fingerprint_of(tmp_path, MERGED_ROWS)
+
+
+def _published(tmp_path: Path, rows: int, mode: str) -> dict[str, Any]:
+    """What a fresh child reports of publishing ``rows`` streamed rows to a new lake."""
+    spec = (partial(DeltaBackend, str(tmp_path / "lake")), rows, "256MB", mode)
+    return run_child(PUBLISH_WORKER, spec)
+
+
+def _fingerprint_of(tmp_path: Path, rows: int) -> str | None:
+    """The fingerprint DuckDB stores for the same stream of ``rows`` rows."""
     first = next(batches(BATCH))
     with duckdb.connect(str(tmp_path / "same.duckdb")) as conn:
-        source = pa.RecordBatchReader.from_batches(first.schema, batches(MERGED_ROWS))
+        source = pa.RecordBatchReader.from_batches(first.schema, batches(rows))
         write = settings("overwrite", {"partition_expr": "pickup_at"})
         ia.publish(conn, source, write, window(DAY), now=NOW)
-        same = ia.table_fingerprint(conn, "main", "trips", "pickup_at", window(DAY))
-    assert published["stored"] == MERGED_ROWS
-    assert published["fingerprint"] == same
+        return ia.table_fingerprint(conn, "main", "trips", "pickup_at", window(DAY))

@@ -1,9 +1,5 @@
 """A streamed load reads its window through a server-side cursor, a bounded batch at a time."""
 
-import json
-import pickle
-import subprocess
-import sys
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -12,7 +8,7 @@ import pyarrow as pa
 
 import idem_assets as ia
 from idem_assets.lib.backends.postgres.backend import PostgresBackend, PostgresLocation
-from tests.helpers import NOW, settings, window
+from tests.helpers import NOW, run_child, settings, window
 
 MD: dict[str, Any] = {"partition_expr": "pickup_at", "primary_key": ["trip_id"]}
 DAY, NEXT = "2026-01-01", "2026-01-02"
@@ -85,14 +81,7 @@ def test_a_streamed_load_takes_less_memory_than_its_window(
         window(NEXT),
         "64MB",
     )
-    found = subprocess.run(
-        [sys.executable, "-m", LOAD_WORKER],
-        input=pickle.dumps(spec),
-        capture_output=True,
-        timeout=600,
-        check=True,
-    )
-    loaded = json.loads(found.stdout.decode().splitlines()[-1])
+    loaded = run_child(LOAD_WORKER, spec)
     assert loaded["rows"] == WINDOW_ROWS
     assert loaded["peak_increase"] < loaded["bytes"] / 2, loaded
 
