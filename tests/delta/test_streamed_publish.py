@@ -15,7 +15,8 @@ from tests.lib.publish_memory import BATCH, DAY, batches
 #: A child publishes a streamed day and reports its peaks: ``python -m tests.lib.publish_memory``.
 PUBLISH_WORKER = "tests.lib.publish_memory"
 ROWS = 6_000_000
-#: The staging limit both tests publish under ("256MB").
+#: The staging limit both tests publish under, and it in bytes (DuckDB's MB is 10^6 bytes).
+STAGING_MEMORY = "256MB"
 STAGING_LIMIT = 256_000_000
 
 
@@ -56,7 +57,7 @@ def test_a_streamed_merge_commit_stays_within_the_staging_limit(tmp_path: Path) 
 
 def _published(tmp_path: Path, rows: int, mode: str) -> dict[str, Any]:
     """What a fresh child reports of publishing ``rows`` streamed rows to a new lake."""
-    spec = (partial(DeltaBackend, str(tmp_path / "lake")), rows, "256MB", mode)
+    spec = (partial(DeltaBackend, str(tmp_path / "lake")), rows, STAGING_MEMORY, mode)
     return run_child(PUBLISH_WORKER, spec)
 
 
