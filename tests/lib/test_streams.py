@@ -7,6 +7,7 @@ in the run log, and the memory a streamed publish takes.
 """
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -614,3 +615,79 @@ def test_a_publish_staged_in_a_file_leaves_none_behind(tmp_path: Path) -> None:
             ia.publish(conn, stream(day), write, window(DAYS[2]), now=NOW, memory="16MB")
         assert rows(conn) == sorted(frame_rows(trips(DAYS[1])) * 400)
         assert (_spill_files(), _attached(conn)) == ([], [])
+
+
+def _staged(conn: duckdb.DuckDBPyConnection, batch: Any, write: Any, day: str, **kw: Any) -> str:
+    """Publish ``batch`` over ``day``: where its progress says it was staged."""
+    said: list[str] = []
+    ia.publish(conn, batch, write, window(day), now=NOW, progress=said.append, **kw)
+    return next(message for message in said if message.startswith("Staged "))
+
+
+def day_us(day: str, n: int = 1000) -> pa.Table:
+    """The day's trips with microsecond times, as DuckDB stores them (pandas gives nanoseconds)."""
+    table = day_table(day, n)
+    return table.set_column(1, "pickup_at", table.column("pickup_at").cast(pa.timestamp("us")))
+
+
+IN_ITS_TABLE = r'Staged 700 rows in \d+\.\d s \(DuckDB, 16MB, in "main"\."trips" itself\)\.'
+
+
+def test_a_streamed_day_over_its_table_is_written_once_into_it(tmp_path: Path) -> None:
+    """Inserted into the table inside the transaction, judged there: no copy, no file."""
+    write = settings("overwrite", MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        # A table to create is staged apart; once it exists, a day is staged in it.
+        assert "itself" not in _staged(conn, stream(day_us(DAYS[1])), write, DAYS[1])
+        ia.publish(conn, day_us(DAYS[2]), write, window(DAYS[2]), now=NOW)
+        again = _staged(conn, stream(day_us(DAYS[1], 700)), write, DAYS[1], memory="16MB")
+        assert re.fullmatch(IN_ITS_TABLE, again), again
+        assert rows(conn) == sorted(frame_rows(trips(DAYS[1], 700)) + frame_rows(trips(DAYS[2])))
+        assert (_spill_files(), _attached(conn)) == ([], [])
+
+
+@pytest.mark.parametrize("delete_missing", [True, False])
+def test_a_streamed_merge_in_its_table_updates_inserts_and_deletes_stale_rows(
+    tmp_path: Path, delete_missing: bool
+) -> None:
+    """The batch's keys replace their old rows; the window's others go, unless kept."""
+    write = settings("merge", {**MD, "delete_missing": delete_missing})
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, day_us(DAYS[1], 600), write, window(DAYS[1]), now=NOW)
+        later = day_us(DAYS[1], 1000).slice(300)
+        changed = later.set_column(3, "fare", pa.compute.add(later.column("fare"), 1.0))
+        assert re.fullmatch(
+            IN_ITS_TABLE, _staged(conn, stream(changed), write, DAYS[1], memory="16MB")
+        )
+        kept = [] if delete_missing else frame_rows(trips(DAYS[1], 300))
+        assert rows(conn) == sorted(kept + [tuple(r.values()) for r in changed.to_pylist()])
+
+
+def test_a_stream_duckdb_would_cast_is_staged_apart_and_stored_as_a_table_is(
+    tmp_path: Path,
+) -> None:
+    """Its values are checked against the stored types before anything is inserted."""
+    write = settings("overwrite", MD)
+    day = day_us(DAYS[1])
+    narrow = day.set_column(2, "passenger_count", day.column("passenger_count").cast(pa.int32()))
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, day, write, window(DAYS[1]), now=NOW)
+        staged = _staged(conn, stream(narrow), write, DAYS[1], memory="16MB")
+        assert staged.endswith("(DuckDB, 16MB, in memory)."), staged
+        assert rows(conn) == frame_rows(trips(DAYS[1]))
+
+
+def test_new_rows_numbered_otherwise_than_expected_are_refused_with_nothing_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guards read the batch by its row ids: a DuckDB numbering them otherwise is caught."""
+    from idem_assets.lib.backends.duckdb import backend
+
+    write = settings("overwrite", MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        before = rows(conn)
+        monkeypatch.setattr(backend, "FIRST_NEW_ROWID", 2**62)
+        with pytest.raises(RuntimeError, match="Nothing was changed"):
+            ia.publish(conn, stream(day_us(DAYS[1], 700)), write, window(DAYS[1]), now=NOW)
+        assert rows(conn) == before

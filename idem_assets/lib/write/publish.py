@@ -45,6 +45,7 @@ from idem_assets.lib.write.seam import (
     Scope,
     Snapshot,
     Staged,
+    StagesInPlace,
     Summary,
     TableRef,
     Transaction,
@@ -60,6 +61,7 @@ from idem_assets.lib.write.streams import (
     Spilled,
     Stream,
     as_stream,
+    memory_limited,
     no_progress,
     spilled,
 )
@@ -154,6 +156,11 @@ def publish(
     stream = batch if isinstance(batch, Spilled) else _stream_of(batch, settings)
     if stream is None:
         return _publish(backend, batch, settings, window, now, on_stage, attempts, no_progress)
+    # A DuckDB relation keeps its connection busy while read: no transaction can begin there.
+    if isinstance(stream, Stream) and not stream.relation and backend.capabilities.stages_in_place:
+        done = _publish_in_place(backend, stream, settings, window, now, on_stage, memory, progress)
+        if done is not None:
+            return done
     with spilled(stream, spill_area(backend), memory, progress) as staged:
         return _publish(
             backend, staged.batch(), settings, window, now, on_stage, attempts, progress
@@ -206,6 +213,42 @@ def _publish(
             # Apart, so writers racing for one window do not collide again at once.
             time.sleep(random.uniform(0.05, 0.2) * attempt)
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _publish_in_place(
+    backend: Backend,
+    stream: Stream,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    now: datetime | None,
+    on_stage: Callable[[str], None] | None,
+    memory: str,
+    progress: Progress,
+) -> PublishResult | None:
+    """The stream staged in its table inside the one transaction; ``None``: it cannot be.
+
+    One attempt: the stream is read once, and an engine that stages in place has no
+    optimistic commit to lose.
+    """
+    caps = backend.capabilities
+    now = now or datetime.now(UTC)
+    hook = on_stage or STAGE_HOOK.get() or _no_stage
+    where = where_of(settings, window)
+    result = None
+    try:
+        with memory_limited(spill_area(backend).conn, memory), backend.begin(where) as tx:
+            assert isinstance(tx, StagesInPlace), type(tx)
+            staged = tx.stage_in_place(stream, settings, memory, progress)
+            if staged is not None:
+                batch = staged.batch()
+                result = _publish_in(tx, caps, batch, settings, window, where, now, hook, progress)
+    except BaseException:
+        stream.cleanup()
+        raise
+    if result is None:
+        return None
+    progress(f"Committed {where}: {result.table} holds {result.rows:,} rows there now.")
+    return replace(result, committed=dict(tx.committed))
 
 
 def _lost_every_commit(where: str, attempts: int, exc: CommitConflict) -> str:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
     import pandas as pd
 
+    from idem_assets.lib.write.streams import Spilled, Stream
+
 #: ``(dimension, column)`` pairs, or one column name (a one-dimensional ``partition_expr``).
 PartitionColumns = Sequence[tuple[str, str]] | str | None
 
@@ -350,6 +352,10 @@ class Capabilities:
     #: Whether the staged batch's evaluator reads the target table too (DuckDB's one
     #: connection): a plan then compares the two there instead of loading the window as Arrow.
     evaluator_reads_target: bool = False
+    #: Whether a streamed batch is staged in its target table itself, inside the publish's
+    #: transaction (:class:`StagesInPlace`), so it is written once rather than staged and
+    #: copied; the engine says when a batch cannot be (it falls back to a staged copy).
+    stages_in_place: bool = False
 
 
 @runtime_checkable
@@ -394,6 +400,29 @@ class Profiles(Protocol):
 
     def profile(self, scope: Scope) -> BatchProfile | None:
         """The batch's profile, exactly as the guards' scan counts it; ``None``: scan it."""
+        ...
+
+
+@runtime_checkable
+class StagesInPlace(Protocol):
+    """A transaction that stages a streamed batch in the table it replaces.
+
+    DuckDB inserts the stream into the table inside the publish's transaction; the guards read
+    exactly those rows, the window's old rows are counted and deleted apart from them, and a
+    refusal rolls them back with everything else.
+    """
+
+    def stage_in_place(
+        self,
+        stream: "Stream",
+        settings: WriteSettings,
+        memory: str,
+        progress: Callable[[str], None],
+    ) -> "Spilled | None":
+        """The stream inserted into its table, read as a staged batch; ``None``: stage it apart.
+
+        ``None`` leaves the stream unread, for the engine's staged copy.
+        """
         ...
 
 

@@ -507,6 +507,51 @@ def spill(
     return staged
 
 
+def read_types(stream: Stream, conn: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Each column of ``stream`` and the DuckDB type it is read as, without reading a row."""
+    if stream.parquet is not None:
+        found = conn.execute("DESCRIBE SELECT * FROM read_parquet(?)", [stream.parquet])
+        return {row[0]: row[1] for row in found.fetchall()}
+    sources: list[str] = []
+    try:
+        empty = pa.RecordBatchReader.from_batches(stream.schema, iter(()))
+        found = conn.execute(f"DESCRIBE SELECT * FROM {_registered(conn, empty, sources)}")
+        return {row[0]: row[1] for row in found.fetchall()}
+    finally:
+        for source in sources:
+            conn.unregister(source)
+
+
+def insert(
+    stream: Stream, conn: duckdb.DuckDBPyConnection, table: str, progress: Progress = no_progress
+) -> tuple[int, float]:
+    """Read ``stream`` once into ``table`` by column name: the rows inserted, and the seconds.
+
+    The caller's transaction holds the rows; the stream's leftovers are cleaned up once read.
+    """
+    counted = _Counted(stream, progress)
+    sources: list[str] = []
+    try:
+        if stream.parquet is not None:
+            source, params = "read_parquet(?)", [stream.parquet]
+        else:
+            reader = pa.RecordBatchReader.from_batches(stream.schema, counted.batches())
+            source, params = _registered(conn, reader, sources), []
+        done = conn.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {source}", params)
+        rows = int(done.fetchall()[0][0])
+    except BaseException as exc:
+        # The source's own error, not DuckDB's wrapping of it, says what went wrong.
+        if counted.error is not None and counted.error is not exc:
+            raise counted.error from exc
+        raise
+    finally:
+        for source in sources:
+            with contextlib.suppress(duckdb.Error):
+                conn.unregister(source)
+        stream.cleanup()
+    return rows, counted.elapsed()
+
+
 def _kind(area: SpillArea) -> str:
     return "TEMP TABLE" if area.temporary else "TABLE"
 

@@ -44,7 +44,17 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
-from idem_assets.lib.write.streams import CHUNK_ROWS, SpillArea, Spilled
+from idem_assets.lib.write.streams import (
+    CHUNK_ROWS,
+    Progress,
+    SpillArea,
+    Spilled,
+    Stream,
+    insert,
+    plain,
+    read_types,
+    refuse_lost_types,
+)
 
 if TYPE_CHECKING:
     # Only the annotations name pandas: importing it costs a run worker about a second.
@@ -53,10 +63,15 @@ if TYPE_CHECKING:
 #: The library's own names are not plain identifiers, so no asset, schema or column can be
 #: given one (validate_identifier refuses them) and shadow or be shadowed by them.
 STAGED_PREFIX = "idem-staged-"
+BEFORE_PREFIX = "idem-before-"
 OWNERS_SCHEMA = "main"
 OWNERS_TABLE = "idem-table-owners"
 OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
 _OWNERS_NAME = (OWNERS_SCHEMA, OWNERS_TABLE)
+#: The row id DuckDB gives the first row a transaction inserts into a table, and the rest count
+#: up from (its MAX_ROW_ID), until the commit numbers them among the table's: a table's own
+#: rows stay far below it. Checked on every publish that stages in the table.
+FIRST_NEW_ROWID = 36_028_797_018_960_000
 
 CAPABILITIES = Capabilities(
     engine="DuckDB",
@@ -66,6 +81,7 @@ CAPABILITIES = Capabilities(
     timestamps="round",
     expression_dialect="duckdb",
     evaluator_reads_target=True,
+    stages_in_place=True,
 )
 
 
@@ -187,6 +203,9 @@ class DuckDBTransaction:
         self.committed: dict[str, Any] = {}
         #: The table's columns as the catalog spells their types (empty: no table yet).
         self.catalog: dict[str, str] = {}
+        #: The rows a streamed batch inserted into its table (:meth:`stage_in_place`), if any.
+        self.in_place: int | None = None
+        self._before: str | None = None
 
     def describe(self, settings: WriteSettings) -> Snapshot:
         """One catalog scan for the table's columns and the owners table."""
@@ -219,6 +238,71 @@ class DuckDBTransaction:
             ),
         )
 
+    def stage_in_place(
+        self, stream: Stream, settings: WriteSettings, memory: str, progress: Progress
+    ) -> Spilled | None:
+        """The stream inserted into its table, where DuckDB stores each column as it reads it.
+
+        The guards read those rows by their row ids, the summary counts the table's own rows
+        apart from them, and the write only deletes the old ones: the batch is written once.
+        A table to create, a column to add or cast, or a merge that deduplicates keeps the
+        staged copy (``None``).
+        """
+        s = settings
+        if s.mode == "merge" and s.dedupe_order_by:
+            return None
+        stored = table_columns(self.conn, s.schema, s.table)
+        if stored is None:
+            return None
+        kinds = {name.lower(): kind for name, kind in stored.items()}
+        if any(kinds.get(c.lower()) != k for c, k in read_types(stream, self.conn).items()):
+            return None
+        target = qualified(s.schema, s.table)
+        if self._new_rows(target):
+            return None
+        rows, seconds = insert(stream, self.conn, target, progress)
+        if self._new_rows(target) != rows:
+            raise RuntimeError(
+                f"DuckDB {duckdb.__version__} numbered the {rows:,} rows this publish inserted into"
+                f" {target} other than from row id {FIRST_NEW_ROWID}, which the guards read them"
+                " by. Nothing was changed (the transaction is rolled back). Fix: install the"
+                " DuckDB version idem_assets pins (pip install 'idem_assets[duckdb]')."
+            )
+        name = STAGED_PREFIX + uuid.uuid4().hex
+        names = ", ".join(quote(c) for c in stream.schema.names)
+        self.conn.execute(
+            f"CREATE TEMP VIEW {quote(name)} AS SELECT {names} FROM {target}"
+            f" WHERE rowid >= {FIRST_NEW_ROWID}"
+        ).fetchall()
+        self.views.append(quote(name))
+        self.in_place = rows
+        staged = Spilled(
+            SpillArea(self.conn, temporary=True), name, plain(stream.schema), rows, memory
+        )
+        refuse_lost_types(staged)
+        progress(f"Staged {rows:,} rows in {seconds:.1f} s (DuckDB, {memory}, in {target} itself).")
+        return staged
+
+    def _new_rows(self, target: str) -> int:
+        """Rows of ``target`` numbered as this transaction's own inserts."""
+        found = self.conn.execute(
+            f"SELECT count(*) FROM {target} WHERE rowid >= {FIRST_NEW_ROWID}"
+        ).fetchall()
+        return int(found[0][0])
+
+    def _stored(self, scope: Scope) -> tuple[str, str] | str:
+        """The table's own rows: the table, or a view leaving out the batch staged in it."""
+        if self.in_place is None:
+            return _target(scope)
+        if self._before is None:
+            self._before = BEFORE_PREFIX + uuid.uuid4().hex
+            self.conn.execute(
+                f"CREATE TEMP VIEW {quote(self._before)} AS SELECT * FROM"
+                f" {qualified(*_target(scope))} WHERE rowid < {FIRST_NEW_ROWID}"
+            ).fetchall()
+            self.views.append(quote(self._before))
+        return self._before
+
     def stage(self, batch: pa.Table | Spilled, fitted: Fitted) -> Staged:
         """Register the batch and, where a type or name differs, a view casting it as stored.
 
@@ -248,7 +332,7 @@ class DuckDBTransaction:
         """Rows the window holds now, and for a merge its keys' rows in and outside it."""
         if not scope.table_exists:
             return Summary()
-        ev, target = self.evaluator, _target(scope)
+        ev, target = self.evaluator, self._stored(scope)
         if scope.cells:
             existing: Counts = dict(ev.rows(statements.count_by_partition(target, scope.cells)))
         else:
@@ -277,6 +361,8 @@ class DuckDBTransaction:
         """Create, claim, change the schema, replace or merge the window, then fingerprint it."""
         scope = plan.scope
         settings, target, conn = scope.settings, _target(scope), self.conn
+        if self.in_place is not None:
+            return self._write_in_place(plan, on_stage)
         if plan.claim:
             claim_table(conn, settings.schema, settings.table, settings.asset)
         for change in scope.fitted.changes:
@@ -308,6 +394,25 @@ class DuckDBTransaction:
             sql.insert_by_name(qualified(settings.schema, settings.table), source, order_by)
         )[0]
         return Written(rows=rows, fingerprints=self._fingerprints(scope))
+
+    def _write_in_place(self, plan: WritePlan, on_stage: Callable[[str], None]) -> Written:
+        """Claim the table, then delete the old rows the batch inserted beside them replaces."""
+        scope = plan.scope
+        settings, target = scope.settings, _target(scope)
+        if plan.create or scope.fitted.changes:
+            raise AssertionError("a batch staged in its table needs no table or column made")
+        if plan.claim:
+            claim_table(self.conn, settings.schema, settings.table, settings.asset)
+        if settings.mode == "overwrite" or settings.delete_missing:
+            if scope.region:
+                old = statements.delete_window(target, scope.region)
+            else:
+                old = statements.delete_all(target)
+        else:
+            old = statements.delete_matching_keys(target, _source(scope), scope.key)
+        self.evaluator.rows(sql.fenced(old, FIRST_NEW_ROWID))
+        on_stage("deleted")
+        return Written(rows=self.in_place or 0, fingerprints=self._fingerprints(scope))
 
     def _fingerprints(self, scope: Scope) -> Fingerprints:
         """Count and hash sum of the window now, per partition of a range."""

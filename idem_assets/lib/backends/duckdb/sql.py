@@ -6,7 +6,10 @@ rendered in DuckDB's dialect.
 
 from collections.abc import Sequence
 
-from idem_assets.lib.sql.predicates import terms
+import sqlglot
+from sqlglot import exp
+
+from idem_assets.lib.sql.predicates import Statement, terms
 
 
 def table_columns() -> str:
@@ -44,3 +47,11 @@ def insert_by_name(target: str, source: str, order_by: Sequence[str] = ()) -> st
     if order_by:
         order = " ORDER BY " + ", ".join(c.sql("duckdb") for c in terms(order_by))
     return f"INSERT INTO {target} BY NAME SELECT * FROM {source}{order}"
+
+
+def fenced(delete: Statement, first_new: int) -> Statement:
+    """``delete`` kept to rows numbered below ``first_new``: the table's own, not the batch's."""
+    tree = sqlglot.parse_one(delete.sql, dialect="duckdb")
+    assert isinstance(tree, exp.Delete), delete.sql
+    fence = f"rowid < {int(first_new)}"
+    return Statement(tree.where(fence, dialect="duckdb").sql(dialect="duckdb"), delete.params)
