@@ -691,3 +691,28 @@ def test_new_rows_numbered_otherwise_than_expected_are_refused_with_nothing_chan
         with pytest.raises(RuntimeError, match="Nothing was changed"):
             ia.publish(conn, stream(day_us(DAYS[1], 700)), write, window(DAYS[1]), now=NOW)
         assert rows(conn) == before
+
+
+def _keeps_order(conn: duckdb.DuckDBPyConnection) -> bool:
+    return conn.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
+
+
+@pytest.mark.parametrize("own", [None, False])
+def test_the_connection_keeps_its_insertion_order_setting_after_a_publish_in_its_table(
+    tmp_path: Path, own: bool | None
+) -> None:
+    """The insert ignores the stream's order; the setting comes back, after a refusal too."""
+    write = settings("overwrite", MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        if own is not None:
+            conn.execute(f"SET SESSION preserve_insertion_order = {own}")
+        expected = True if own is None else own
+        assert re.fullmatch(
+            IN_ITS_TABLE, _staged(conn, stream(day_us(DAYS[1], 700)), write, DAYS[1], memory="16MB")
+        )
+        assert _keeps_order(conn) is expected
+        with pytest.raises(ia.StrayRowsError):
+            ia.publish(conn, stream(day_us(DAYS[2])), write, window(DAYS[1]), now=NOW)
+        assert _keeps_order(conn) is expected
+        assert rows(conn) == frame_rows(trips(DAYS[1], 700))
