@@ -677,10 +677,25 @@ def test_a_stream_duckdb_would_cast_is_staged_apart_and_stored_as_a_table_is(
         assert rows(conn) == frame_rows(trips(DAYS[1]))
 
 
-def test_new_rows_numbered_otherwise_than_expected_are_refused_with_nothing_changed(
+def test_a_duckdb_numbering_new_rows_otherwise_stages_apart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The guards read the batch by its row ids: a DuckDB numbering them otherwise is caught."""
+    """Each process first asks DuckDB how it numbers new rows; otherwise the copy is staged."""
+    from idem_assets.lib.backends.duckdb import backend
+
+    write = settings("overwrite", MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        monkeypatch.setattr(backend, "FIRST_NEW_ROWID", 2**62)
+        staged = _staged(conn, stream(day_us(DAYS[1], 700)), write, DAYS[1], memory="16MB")
+        assert staged.endswith("(DuckDB, 16MB, in memory)."), staged
+        assert rows(conn) == frame_rows(trips(DAYS[1], 700))
+
+
+def test_new_rows_numbered_otherwise_than_asked_are_refused_with_a_fix_that_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked around every insert too: nothing is changed, and the printed fix publishes."""
     from idem_assets.lib.backends.duckdb import backend
 
     write = settings("overwrite", MD)
@@ -688,9 +703,68 @@ def test_new_rows_numbered_otherwise_than_expected_are_refused_with_nothing_chan
         ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
         before = rows(conn)
         monkeypatch.setattr(backend, "FIRST_NEW_ROWID", 2**62)
-        with pytest.raises(RuntimeError, match="Nothing was changed"):
-            ia.publish(conn, stream(day_us(DAYS[1], 700)), write, window(DAYS[1]), now=NOW)
+        monkeypatch.setattr(backend, "numbers_new_rows", lambda first: True)
+        reader = stream(day_us(DAYS[1], 700))
+        with pytest.raises(RuntimeError, match="Nothing was changed") as refused:
+            ia.publish(conn, reader, write, window(DAYS[1]), now=NOW)
         assert rows(conn) == before
+        assert "Fix: return the batch as a pyarrow Table (reader.read_all())" in str(refused.value)
+        reader = stream(day_us(DAYS[1], 700))
+        ia.publish(conn, reader.read_all(), write, window(DAYS[1]), now=NOW)
+        assert rows(conn) == frame_rows(trips(DAYS[1], 700))
+
+
+def _primary_key(conn: duckdb.DuckDBPyConnection, day: pa.Table) -> pa.Table:
+    conn.execute("ALTER TABLE main.trips ADD PRIMARY KEY (trip_id)")
+    return day
+
+
+def _unique_index(conn: duckdb.DuckDBPyConnection, day: pa.Table) -> pa.Table:
+    conn.execute("CREATE UNIQUE INDEX trips_id ON main.trips (trip_id)")
+    return day
+
+
+def _not_null(conn: duckdb.DuckDBPyConnection, day: pa.Table) -> pa.Table:
+    conn.execute("ALTER TABLE main.trips ALTER COLUMN fare SET NOT NULL")
+    return day
+
+
+def _other_case(conn: duckdb.DuckDBPyConnection, day: pa.Table) -> pa.Table:
+    return day.rename_columns(["trip_id", "pickup_at", "passenger_count", "Fare"])
+
+
+def _column_named_rowid(conn: duckdb.DuckDBPyConnection, day: pa.Table) -> pa.Table:
+    conn.execute("ALTER TABLE main.trips ADD COLUMN rowid BIGINT")
+    return day.append_column("rowid", pa.array(range(day.num_rows), pa.int64()))
+
+
+#: Tables and streams the insert into the table would judge wrongly or fail on before the guards.
+APART = {
+    "a primary key (a rerun's keys meet the old rows')": _primary_key,
+    "a unique index": _unique_index,
+    "a NOT NULL column": _not_null,
+    "a name in another case": _other_case,
+    "a column named rowid": _column_named_rowid,
+}
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "merge"])
+@pytest.mark.parametrize("case", sorted(APART))
+def test_a_table_or_stream_the_insert_cannot_take_is_staged_apart_and_rerun_as_before(
+    tmp_path: Path, case: str, mode: str
+) -> None:
+    """A rerun of the same keys over a keyed table works, as with a pyarrow Table."""
+    write = settings(mode, MD)
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        batch = APART[case](conn, day_us(DAYS[1], 700))
+        staged = _staged(conn, stream(batch), write, DAYS[1], memory="16MB")
+        assert staged.endswith("(DuckDB, 16MB, in memory)."), staged
+        again = (
+            conn.execute("SELECT * EXCLUDE (rowid) FROM main.trips") if "rowid" in case else None
+        )
+        found = sorted(again.fetchall()) if again is not None else rows(conn)
+        assert found == frame_rows(trips(DAYS[1], 700))
 
 
 def _keeps_order(conn: duckdb.DuckDBPyConnection) -> bool:

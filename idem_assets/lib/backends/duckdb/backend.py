@@ -12,6 +12,7 @@ a value the rounding moves out of the window is refused with the floor that keep
 """
 
 import contextlib
+import functools
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -71,7 +72,8 @@ OWNERS = f"{quote(OWNERS_SCHEMA)}.{quote(OWNERS_TABLE)}"
 _OWNERS_NAME = (OWNERS_SCHEMA, OWNERS_TABLE)
 #: The row id DuckDB gives the first row a transaction inserts into a table, and the rest count
 #: up from (its MAX_ROW_ID), until the commit numbers them among the table's: a table's own
-#: rows stay far below it. Checked on every publish that stages in the table.
+#: rows stay far below it. A transaction's UPDATE of an indexed column moves rows above it
+#: too; a publish updates nothing. Checked once per process, and around every insert.
 FIRST_NEW_ROWID = 36_028_797_018_960_000
 
 CAPABILITIES = Capabilities(
@@ -130,11 +132,13 @@ class DuckDBBackend:
                     exc.add_note(_database_failed(where))
                 raise
         finally:
-            tx.evaluator.release(failed)
-            for undo in tx.afterwards:
-                # A fatal error invalidates the connection, and the setting with it.
-                with contextlib.suppress(duckdb.Error):
-                    undo()
+            try:
+                tx.evaluator.release(failed)
+            finally:
+                for undo in tx.afterwards:
+                    # A fatal error invalidates the connection, and the setting with it.
+                    with contextlib.suppress(duckdb.Error):
+                        undo()
 
     def spill_area(self) -> SpillArea:
         """A streamed batch is staged in this connection, so the write copies it in the engine."""
@@ -252,20 +256,24 @@ class DuckDBTransaction:
 
         The guards read those rows by their row ids, the summary counts the table's own rows
         apart from them, and the write only deletes the old ones: the batch is written once.
-        A table to create, a column to add or cast, or a merge that deduplicates keeps the
-        staged copy (``None``).
+        Only a batch of exactly the table's columns, spelt and typed as stored, so the insert
+        casts nothing and each view gives the rows back under the stream's names, into a table
+        with no constraint (a key or NOT NULL the insert would check before the guards, and
+        fail against the old rows) nor a column of its own named ``rowid``. A table to
+        create, a column to add or cast, or a merge that deduplicates keeps the staged copy
+        (``None``), as does a DuckDB that numbers new rows otherwise.
         """
         s = settings
         if s.mode == "merge" and s.dedupe_order_by:
             return None
         stored = table_columns(self.conn, s.schema, s.table)
-        if stored is None:
+        if stored is None or "rowid" in {name.lower() for name in stored}:
             return None
-        kinds = {name.lower(): kind for name, kind in stored.items()}
-        if any(kinds.get(c.lower()) != k for c, k in read_types(stream, self.conn).items()):
+        if read_types(stream, self.conn) != stored or not numbers_new_rows(FIRST_NEW_ROWID):
             return None
+        bound = self.conn.execute(sql.constraints(), [s.schema, s.table]).fetchall()[0][0]
         target = qualified(s.schema, s.table)
-        if self._new_rows(target):
+        if bound or self._new_rows(target):
             return None
         self.afterwards.append(_order_free(self.conn))
         rows, seconds = insert(stream, self.conn, target, progress)
@@ -273,8 +281,9 @@ class DuckDBTransaction:
             raise RuntimeError(
                 f"DuckDB {duckdb.__version__} numbered the {rows:,} rows this publish inserted into"
                 f" {target} other than from row id {FIRST_NEW_ROWID}, which the guards read them"
-                " by. Nothing was changed (the transaction is rolled back). Fix: install the"
-                " DuckDB version idem_assets pins (pip install 'idem_assets[duckdb]')."
+                " by. Nothing was changed (the transaction is rolled back). Fix: return the"
+                " batch as a pyarrow Table (reader.read_all()), which is published without"
+                " that numbering, and report the DuckDB version to idem_assets."
             )
         name = STAGED_PREFIX + uuid.uuid4().hex
         names = ", ".join(quote(c) for c in stream.schema.names)
@@ -434,6 +443,21 @@ class DuckDBTransaction:
             statements.fingerprint(_target(scope), names, scope.region)
         ) or (0, 0)
         return {None: (count, digest)}
+
+
+@functools.cache
+def numbers_new_rows(first: int) -> bool:
+    """Whether this DuckDB numbers a transaction's new rows from ``first`` until they commit."""
+    with duckdb.connect() as conn:
+        conn.execute("CREATE TABLE probe (n INTEGER)").fetchall()
+        conn.execute("INSERT INTO probe VALUES (1)").fetchall()
+        conn.execute("BEGIN TRANSACTION").fetchall()
+        conn.execute("INSERT INTO probe VALUES (2), (3)").fetchall()
+        found = conn.execute(
+            f"SELECT min(rowid), count(*) FROM probe WHERE rowid >= {int(first)}"
+        ).fetchall()
+        conn.execute("ROLLBACK").fetchall()
+    return found == [(first, 2)]
 
 
 def _order_free(conn: duckdb.DuckDBPyConnection) -> Callable[[], None]:

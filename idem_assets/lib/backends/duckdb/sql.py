@@ -37,6 +37,18 @@ def describe() -> str:
     )
 
 
+def constraints() -> str:
+    """How many constraints and unique indexes a table has, by schema and name (``$1``, ``$2``)."""
+    table = (
+        "database_name = current_database() AND lower(schema_name) = lower($1) AND"
+        " lower(table_name) = lower($2)"
+    )
+    return (
+        f"SELECT (SELECT count(*) FROM duckdb_constraints() WHERE {table}) + (SELECT count(*)"
+        f" FROM duckdb_indexes() WHERE {table} AND is_unique)"
+    )
+
+
 def insert_by_name(target: str, source: str, order_by: Sequence[str] = ()) -> str:
     """Insert ``source`` matching columns by name, in partition order when one is given.
 
