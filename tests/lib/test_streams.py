@@ -630,6 +630,12 @@ def day_us(day: str, n: int = 1000) -> pa.Table:
     return table.set_column(1, "pickup_at", table.column("pickup_at").cast(pa.timestamp("us")))
 
 
+def staged_apart(conn: duckdb.DuckDBPyConnection, batch: pa.Table, write: Any) -> None:
+    """Publish ``batch`` streamed over the day: it must be staged apart, in memory."""
+    staged = _staged(conn, stream(batch), write, DAYS[1], memory="16MB")
+    assert staged.endswith("(DuckDB, 16MB, in memory)."), staged
+
+
 IN_ITS_TABLE = r'Staged 700 rows in \d+\.\d s \(DuckDB, 16MB, in "main"\."trips" itself\)\.'
 
 
@@ -672,8 +678,7 @@ def test_a_stream_duckdb_would_cast_is_staged_apart_and_stored_as_a_table_is(
     narrow = day.set_column(2, "passenger_count", day.column("passenger_count").cast(pa.int32()))
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         ia.publish(conn, day, write, window(DAYS[1]), now=NOW)
-        staged = _staged(conn, stream(narrow), write, DAYS[1], memory="16MB")
-        assert staged.endswith("(DuckDB, 16MB, in memory)."), staged
+        staged_apart(conn, narrow, write)
         assert rows(conn) == frame_rows(trips(DAYS[1]))
 
 
@@ -687,8 +692,7 @@ def test_a_duckdb_numbering_new_rows_otherwise_stages_apart(
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
         monkeypatch.setattr(backend, "FIRST_NEW_ROWID", 2**62)
-        staged = _staged(conn, stream(day_us(DAYS[1], 700)), write, DAYS[1], memory="16MB")
-        assert staged.endswith("(DuckDB, 16MB, in memory)."), staged
+        staged_apart(conn, day_us(DAYS[1], 700), write)
         assert rows(conn) == frame_rows(trips(DAYS[1], 700))
 
 
@@ -757,9 +761,7 @@ def test_a_table_or_stream_the_insert_cannot_take_is_staged_apart_and_rerun_as_b
     write = settings(mode, MD)
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
-        batch = APART[case](conn, day_us(DAYS[1], 700))
-        staged = _staged(conn, stream(batch), write, DAYS[1], memory="16MB")
-        assert staged.endswith("(DuckDB, 16MB, in memory)."), staged
+        staged_apart(conn, APART[case](conn, day_us(DAYS[1], 700)), write)
         again = (
             conn.execute("SELECT * EXCLUDE (rowid) FROM main.trips") if "rowid" in case else None
         )

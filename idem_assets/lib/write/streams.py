@@ -464,8 +464,7 @@ def spill(
     counted = _Counted(stream, progress)
     cap = _bytes(memory) / 2 if area.files else math.inf
     file = None
-    sources: list[str] = []
-    with area.cursor() as cursor:
+    with area.cursor() as cursor, _read_once(stream, cursor, counted) as sources:
         try:
             if stream.parquet is not None:
                 source = "read_parquet(?)"
@@ -487,15 +486,7 @@ def spill(
             _drop_staged(cursor, area, name, file)
             if stream.relation and "result" in str(exc) and counted.error is None:
                 raise _busy_relation() from exc
-            # The source's own error, not DuckDB's wrapping of it, says what went wrong.
-            if counted.error is not None and counted.error is not exc:
-                raise counted.error from exc
             raise
-        finally:
-            for source in sources:
-                with contextlib.suppress(duckdb.Error):
-                    cursor.unregister(source)
-            stream.cleanup()
         rows = cursor.execute(f"SELECT count(*) FROM {quote(name)}").fetchall()
     count = int(rows[0][0]) if rows else 0
     staged = Spilled(area, name, plain(stream.schema), count, memory, file)
@@ -512,14 +503,13 @@ def read_types(stream: Stream, conn: duckdb.DuckDBPyConnection) -> dict[str, str
     if stream.parquet is not None:
         found = conn.execute("DESCRIBE SELECT * FROM read_parquet(?)", [stream.parquet])
         return {row[0]: row[1] for row in found.fetchall()}
-    sources: list[str] = []
+    name = "idem-source-" + uuid.uuid4().hex
+    conn.register(name, pa.RecordBatchReader.from_batches(stream.schema, iter(())))
     try:
-        empty = pa.RecordBatchReader.from_batches(stream.schema, iter(()))
-        found = conn.execute(f"DESCRIBE SELECT * FROM {_registered(conn, empty, sources)}")
+        found = conn.execute(f"DESCRIBE SELECT * FROM {quote(name)}")
         return {row[0]: row[1] for row in found.fetchall()}
     finally:
-        for source in sources:
-            conn.unregister(source)
+        conn.unregister(name)
 
 
 def insert(
@@ -530,8 +520,7 @@ def insert(
     The caller's transaction holds the rows; the stream's leftovers are cleaned up once read.
     """
     counted = _Counted(stream, progress)
-    sources: list[str] = []
-    try:
+    with _read_once(stream, conn, counted) as sources:
         if stream.parquet is not None:
             source, params = "read_parquet(?)", [stream.parquet]
         else:
@@ -539,8 +528,22 @@ def insert(
             source, params = _registered(conn, reader, sources), []
         done = conn.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {source}", params)
         rows = int(done.fetchall()[0][0])
+    return rows, counted.elapsed()
+
+
+@contextlib.contextmanager
+def _read_once(
+    stream: Stream, conn: duckdb.DuckDBPyConnection, counted: "_Counted"
+) -> Iterator[list[str]]:
+    """Where ``stream`` is read: the names its readers are registered under, dropped after.
+
+    A failure the source raised is reported as itself, not as DuckDB's wrapping of it, and
+    what the stream left behind is cleaned up however the read ends.
+    """
+    sources: list[str] = []
+    try:
+        yield sources
     except BaseException as exc:
-        # The source's own error, not DuckDB's wrapping of it, says what went wrong.
         if counted.error is not None and counted.error is not exc:
             raise counted.error from exc
         raise
@@ -549,7 +552,6 @@ def insert(
             with contextlib.suppress(duckdb.Error):
                 conn.unregister(source)
         stream.cleanup()
-    return rows, counted.elapsed()
 
 
 def _kind(area: SpillArea) -> str:

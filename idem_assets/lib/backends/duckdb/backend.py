@@ -376,10 +376,10 @@ class DuckDBTransaction:
 
     def write(self, plan: WritePlan, on_stage: Callable[[str], None]) -> Written:
         """Create, claim, change the schema, replace or merge the window, then fingerprint it."""
-        scope = plan.scope
-        settings, target, conn = scope.settings, _target(scope), self.conn
         if self.in_place is not None:
             return self._write_in_place(plan, on_stage)
+        scope = plan.scope
+        settings, target, conn = scope.settings, _target(scope), self.conn
         if plan.claim:
             claim_table(conn, settings.schema, settings.table, settings.asset)
         for change in scope.fitted.changes:
