@@ -67,8 +67,9 @@ dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml dev-data
 	# dg dev is the successor of dagster dev (webserver + daemon); VIRTUAL_ENV tells dg which venv runs.
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg dev --host 127.0.0.1 --port 3000
 
-# Prints one table of medians and ratios and rewrites benchmarks/results.md (over an hour on 2
-# cores: benchmark 12 alone writes 2M- and 20M-row days on three engines in fresh processes).
+# Prints one table of medians and ratios and rewrites benchmarks/results.md's tables, keeping its
+# sections on benchmarks run on their own (over an hour on 2 cores: benchmark 12 alone writes
+# 2M- and 20M-row days on three engines in fresh processes).
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 

@@ -1,13 +1,15 @@
 """Run every benchmark, print one table of medians and ratios, and write ``results.md``.
 
 Usage: ``python -m benchmarks.run [--scale tiny|full] [--repeat N] [--only NAME,...]``. ``make
-bench`` runs the full scale and rewrites ``benchmarks/results.md``; the tiny scale is the smoke
-test's and writes a file only when ``--out`` is given. Nothing here asserts a time.
+bench`` runs every benchmark at the full scale and rewrites ``benchmarks/results.md``, keeping its
+sections no run writes; a run of some benchmarks, and the tiny scale (the smoke test's), write a
+file only when ``--out`` is given. Nothing here asserts a time.
 """
 
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -132,14 +134,45 @@ def saved_backfills() -> str:
     return "\n".join(parts)
 
 
+#: The sections :func:`markdown` writes; every other ``## `` section of the file is kept.
+GENERATED = (
+    "## Results",
+    "## Where publish time goes",
+    "## Backfills through the daemon",
+    "## Machine",
+)
+
+
+def kept_sections(text: str) -> str:
+    """The sections of a results file no run writes: the records of benchmarks run on their own.
+
+    Each ``## `` section whose heading is not one of :data:`GENERATED`, verbatim and in order.
+    """
+    sections = re.split(r"(?m)^(?=## )", text)[1:]
+    kept = [part.rstrip("\n") for part in sections if not part.startswith(GENERATED)]
+    return "\n\n".join(kept)
+
+
+def destination(scale: Scale, only: Sequence[str], out: Path | None) -> Path | None:
+    """The file a run writes: ``--out``, else results.md for every benchmark at the full scale.
+
+    A run of some benchmarks prints its table only: written to results.md, it would replace
+    the results of the others.
+    """
+    if out is not None:
+        return out
+    return RESULTS if scale == "full" and set(only) == set(BENCHMARKS) else None
+
+
 def markdown(
     lines: Sequence[Line],
     facts: dict[str, str],
     durations: dict[str, float],
     profile: str,
     command: str,
+    kept: str = "",
 ) -> str:
-    """The whole results file."""
+    """The whole results file, with ``kept``: the sections of the one it replaces no run writes."""
     machine_rows = "\n".join(f"| {k} | {v} |" for k, v in facts.items())
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in durations.items())
     return f"""# idem_assets benchmarks
@@ -157,7 +190,7 @@ A/B is the ratio of medians; "target" is the goal for that ratio from the benchm
 
 {notes(lines)}
 
-## Where publish time goes
+{kept + chr(10) * 2 if kept else ""}## Where publish time goes
 
 Statement shares measured by wrapping the connection (`benchmarks/breakdown.py`); the rest is
 Python, registering the Arrow batch, and fetching results.
@@ -189,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in only if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
-    out = args.out or (RESULTS if args.scale == "full" else None)
+    out = destination(args.scale, only, args.out)
+    if out is None and args.scale == "full":
+        _log(f"[bench] some benchmarks only: {RESULTS} is left as it is (--out writes a file)")
 
     facts = machine()
     _log("[bench] " + "; ".join(f"{k}: {v}" for k, v in facts.items()))
@@ -207,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\ntotal {sum(durations.values()):.0f} s")
     command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
     if out is not None:
-        out.write_text(markdown(lines, facts, durations, profile, command.strip()))
+        kept = kept_sections(out.read_text()) if out.exists() else ""
+        out.write_text(markdown(lines, facts, durations, profile, command.strip(), kept))
         _log(f"[bench] wrote {out}")
     if args.json is not None:
         args.json.write_text(json.dumps([ln.as_dict() for ln in lines], indent=2))

@@ -82,3 +82,39 @@ def test_the_import_benchmark_runs_as_its_docstring_prints_and_finds_no_driver()
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "now: engine drivers loaded by the import: none" in proc.stdout
     assert "x import dagster" in proc.stdout
+
+
+def test_a_run_of_one_benchmark_keeps_the_sections_run_on_their_own(tmp_path: Path) -> None:
+    """Written over a results file, a run replaces its tables and keeps every other section."""
+    from benchmarks import run
+
+    recorded = (ROOT / "benchmarks" / "results.md").read_text()
+    out = tmp_path / "results.md"
+    out.write_text(recorded)
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.run", "--scale", "tiny", "--repeat", "1"),
+            *("--only", "plan", "--out", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    written = out.read_text()
+    kept = run.kept_sections(recorded)
+    assert "## Spark (benchmark 10, run on its own)" in kept
+    assert kept in written
+    assert "Produced by `python -m benchmarks.run --scale tiny --repeat 1 --only plan" in written
+    assert written.count("## Results") == written.count("## Machine") == 1
+
+
+def test_only_a_run_of_every_benchmark_at_full_scale_writes_results_md() -> None:
+    from benchmarks import run
+
+    every = list(run.BENCHMARKS)
+    assert run.destination("full", every, None) == run.RESULTS
+    assert run.destination("full", ["streams"], None) is None
+    assert run.destination("tiny", every, None) is None
+    assert run.destination("full", ["streams"], Path("x.md")) == Path("x.md")
