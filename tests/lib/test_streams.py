@@ -6,6 +6,7 @@ kind an asset may return or ask for, the checks that read values before staging,
 in the run log, and the memory a streamed publish takes.
 """
 
+import hashlib
 import json
 import re
 import subprocess
@@ -515,6 +516,57 @@ def test_a_few_hex_ids_pass_streamed_as_they_pass_whole(tmp_path: Path) -> None:
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         ia.publish(conn, batch, write, window(DAYS[1]), now=NOW)
         ia.publish(conn, stream(batch), write, window(DAYS[1]), now=NOW)
+
+
+def _refs(values: list[Any], kind: pa.DataType | None = None) -> pa.Array:
+    """A ``ref`` column of a 1,000-row day: ``values`` last, the rows before them plain ids."""
+    plain = [f"ref-{i}" for i in range(1000 - len(values))]
+    if kind == pa.binary(16):
+        plain = [i.to_bytes(16, "big") for i in range(1000 - len(values))]
+    column = pa.array(plain + values, kind)
+    return column
+
+
+#: Columns the run-time check refuses or passes whole; a stream is judged on its probe alone.
+REFS: dict[str, pa.Array] = {
+    "canonical uuid4": _refs([str(uuid.uuid4())]),
+    "braced upper case": _refs(["{" + str(uuid.uuid4()).upper() + "}"]),
+    "uuid1": _refs([str(uuid.uuid1())]),
+    "uuid4 hex": _refs([uuid.uuid4().hex for _ in range(200)]),
+    "uuid4 hex and one md5": _refs(
+        [uuid.uuid4().hex for _ in range(200)] + [hashlib.md5(b"trip").hexdigest()]
+    ),
+    "uuid5": _refs([str(uuid.uuid5(uuid.NAMESPACE_URL, str(i))) for i in range(200)]),
+    "uuid4 bytes": _refs([uuid.uuid4().bytes for _ in range(200)], pa.binary(16)),
+    "uuid5 bytes": _refs(
+        [uuid.uuid5(uuid.NAMESPACE_URL, str(i)).bytes for i in range(200)], pa.binary(16)
+    ),
+    "dictionary of uuid4": pa.array(
+        [f"ref-{i}" for i in range(999)] + [str(uuid.uuid4())]
+    ).dictionary_encode(),
+    "large string uuid4": _refs([str(uuid.uuid4())], pa.large_string()),
+}
+
+
+@pytest.mark.parametrize("refs", REFS.values(), ids=REFS.keys())
+def test_a_stream_gets_the_run_time_verdict_its_table_gets(tmp_path: Path, refs: pa.Array) -> None:
+    """One scan of the staged copy picks what the check reads, in every spelling and type.
+
+    The refusal's example may be another of the column's values.
+    """
+    batch = day_table(DAYS[1]).append_column("ref", refs)
+    values = {v.hex() if isinstance(v, bytes) else v for v in refs.to_pylist()}
+    verdicts = []
+    for form, data in (("table", batch), ("stream", stream(batch))):
+        with duckdb.connect(str(tmp_path / f"{form}.duckdb")) as conn:
+            try:
+                ia.publish(conn, data, settings("overwrite", MD), window(DAYS[1]), now=NOW)
+                verdicts.append("published")
+            except ia.RuntimeValueError as error:
+                example = re.search(r"e\.g\. '([^']*)'", str(error))
+                assert example is not None and example.group(1) in values, str(error)
+                verdicts.append(str(error).replace(example.group(1), "..."))
+    assert verdicts[0] == verdicts[1]
 
 
 def test_a_stream_naming_a_column_twice_is_refused_before_staging(tmp_path: Path) -> None:
