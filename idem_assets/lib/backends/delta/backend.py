@@ -44,6 +44,7 @@ from idem_assets.lib.backends.delta.layout import (
     with_day,
 )
 from idem_assets.lib.backends.delta.types import DeltaTypes
+from idem_assets.lib.model.errors import ConfigurationError
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Box, Region, WriteWindow, stored_region
@@ -128,6 +129,40 @@ class _Table:
         return DAY_COLUMN in self.partition_by
 
 
+#: WriterProperties' whole-number fields, which the IO manager's config gives as text, each
+#: with a value a refusal shows as an example.
+_WRITER_NUMBERS = {
+    "data_page_size_limit": 1_048_576,
+    "dictionary_page_size_limit": 1_048_576,
+    "data_page_row_count_limit": 20_000,
+    "write_batch_size": 1024,
+    "max_row_group_size": 131_072,
+    "compression_level": 3,
+    "statistics_truncate_length": 64,
+}
+
+
+def _writer_properties(options: Mapping[str, Any]) -> WriterProperties | None:
+    """deltalake.WriterProperties of the IO manager's values, Snappy unless a codec is named.
+
+    delta-rs compresses with Snappy only when given no properties at all: any one set without
+    a codec wrote uncompressed files. A number given as text failed at the first write.
+    """
+    if not options:
+        return None
+    chosen = {"compression": "SNAPPY", **options}
+    for name in _WRITER_NUMBERS.keys() & chosen.keys():
+        try:
+            chosen[name] = int(chosen[name])
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"writer_properties {name!r} is {chosen[name]!r}, not a whole number. Nothing"
+                f" was written. Fix: give a whole number, e.g. writer_properties={{{name!r}:"
+                f" '{_WRITER_NUMBERS[name]}'}}."
+            ) from None
+    return WriterProperties(**chosen)
+
+
 class DeltaBackend:
     """Publishes to Delta tables under ``root``; use it in a ``with`` (or :meth:`close` it)."""
 
@@ -151,9 +186,7 @@ class DeltaBackend:
         self.root = root
         self.storage_options = storage_options or None
         self.commit_metadata = dict(commit_metadata or {})
-        self.writer_properties = (
-            WriterProperties(**writer_properties) if writer_properties else None  # type: ignore[arg-type]
-        )
+        self.writer_properties = _writer_properties(writer_properties or {})
         self.table_config = dict(table_config or {}) or None
         #: A local file system's limit on a file name; object stores take far longer keys.
         self.name_limit = 255 if "://" not in root or root.startswith("file://") else None

@@ -57,7 +57,8 @@ class _DeltaIOManager(IdempotentIOManager):
         default_factory=dict,
         description=(
             "deltalake.WriterProperties for the Parquet files written, e.g."
-            " {'compression': 'ZSTD'}."
+            " {'compression': 'ZSTD'}. Without a 'compression' the files are Snappy-compressed,"
+            " as with no properties at all (delta-rs alone would write them uncompressed)."
         ),
     )
     table_config: dict[str, str] = Field(
