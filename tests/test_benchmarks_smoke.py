@@ -26,22 +26,27 @@ BENCHMARKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench")
-    # A subprocess from the repository root: `benchmarks` is not an installed package.
+def tiny(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """``benchmarks.run`` at the tiny scale, one round, from the repository root; it must pass.
+
+    A subprocess from the root: `benchmarks` is not an installed package.
+    """
     proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.run", "--scale", "tiny", "--repeat", "1"),
-            *("--out", str(out / "results.md"), "--json", str(out / "lines.json")),
-        ],
+        [sys.executable, "-m", "benchmarks.run", "--scale", "tiny", "--repeat", "1", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        # A deadline, not a speed target: the twelve benchmarks took 558 s of a loaded CI run.
-        timeout=1500,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    # A deadline, not a speed target: the twelve benchmarks took 558 s of a loaded CI run.
+    proc = tiny("--out", str(out / "results.md"), "--json", str(out / "lines.json"), timeout=1500)
     return {
         "lines": json.loads((out / "lines.json").read_text()),
         "markdown": (out / "results.md").read_text(),
@@ -91,17 +96,7 @@ def test_a_run_of_one_benchmark_keeps_the_sections_run_on_their_own(tmp_path: Pa
     recorded = (ROOT / "benchmarks" / "results.md").read_text()
     out = tmp_path / "results.md"
     out.write_text(recorded)
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.run", "--scale", "tiny", "--repeat", "1"),
-            *("--only", "plan", "--out", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    tiny("--only", "plan", "--out", str(out), timeout=300)
     written = out.read_text()
     kept = run.kept_sections(recorded)
     assert "## Spark (benchmark 10, run on its own)" in kept
