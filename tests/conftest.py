@@ -53,15 +53,30 @@ def _read_storage_migrations_once() -> None:
 #: Tests that start dagster-daemon, the webserver or Chromium run one after another in their
 #: group, each group on one worker (`make test` runs four, `--dist loadgroup`): the browser tests
 #: with the demo test, whose `make demo` folder they share (the `made_demo` fixture, built once
-#: per worker), and the e2e tests. With the two modules below they are the four largest units of
-#: work, so xdist hands them out first (it orders units by their number of tests) and each worker
-#: starts on one; in-process tests fill the gaps, as the services mostly wait on ticks and polls.
-#: One group for all of them was a single chain of 40 minutes that capped the whole run.
+#: per worker), and the e2e tests. With the Spark group and the two modules below they are the
+#: five largest units of work, so xdist hands them out first (it orders units by their number of
+#: tests): the four largest start one on each worker, the fifth goes to the first worker nearly
+#: done, and in-process tests fill the gaps, as the services mostly wait on ticks and polls. One
+#: group for all of them was a single chain of 40 minutes that capped the whole run.
 SERVICE_GROUPS = {
     "tests/browser/": "browser",
     "tests/defs/test_demo.py": "browser",
     "tests/e2e/": "e2e",
 }
+#: The Spark tests: tests/spark/ and the conformance cases of the Spark store. They are one group,
+#: so one worker starts a Spark session and its metastore for all of them: when each of the four
+#: workers took a share, four JVM sessions and four metastores started and warmed up for the
+#: same 64 tests (make test-full runs them in one process too).
+SPARK_GROUP = "spark"
+
+
+def spark_test(nodeid: str) -> bool:
+    """Whether a node id is a test of the Spark group."""
+    return nodeid.startswith("tests/spark/") or (
+        nodeid.startswith("tests/conformance/") and "[spark" in nodeid
+    )
+
+
 #: Modules whose tests share a module-scoped fixture that costs half a minute or more to build
 #: (tests/test_benchmarks_smoke.py runs every benchmark at the tiny scale once, the first-hour
 #: module writes `make dev-data`'s year of files): each module is one unit of work, or both
@@ -82,6 +97,8 @@ class ServiceGroupScheduling(LoadGroupScheduling):
         for prefix, group in SERVICE_GROUPS.items():
             if nodeid.startswith(prefix):
                 return group
+        if spark_test(nodeid):
+            return SPARK_GROUP
         if nodeid.startswith(SHARED_SETUP_MODULES):
             return nodeid.split("::", 1)[0]
         return super()._split_scope(nodeid)

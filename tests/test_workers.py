@@ -7,15 +7,29 @@ from pathlib import Path
 from worker_recorder import RECORD_DIR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: The units tests/conftest.py keeps whole, each on one worker: two groups of service tests (the
-#: demo test with the browser tests, whose `make demo` folder it shares) and modules whose tests
-#: share one expensive module-scoped fixture.
+#: The units tests/conftest.py keeps whole, each on one worker: the Spark tests (tests/spark/ and
+#: the Spark store's conformance cases, which the recorder run reaches through the replace
+#: contract module), two groups of service tests (the demo test with the browser tests, whose
+#: `make demo` folder it shares) and modules whose tests share one expensive module-scoped fixture.
 WHOLE_UNITS = {
+    "spark": ("tests/spark", "tests/conformance/test_replace_contract.py"),
     "browser": ("tests/browser", "tests/defs/test_demo.py"),
     "e2e": ("tests/e2e",),
     "benchmarks": ("tests/test_benchmarks_smoke.py",),
     "first hour": ("tests/defs/test_first_hour.py",),
 }
+#: The three largest units by number of tests, which xdist hands out first, one to each worker.
+FIRST_HANDED = ("spark", "benchmarks", "e2e")
+
+
+def in_unit(unit: str, node_id: str) -> bool:
+    """Whether a node id belongs to ``unit``: by path, and for Spark also by the store's id."""
+    paths = WHOLE_UNITS[unit]
+    if unit == "spark":
+        return node_id.startswith(paths[0]) or (
+            node_id.startswith(paths[1]) and "[spark" in node_id
+        )
+    return node_id.startswith(paths)
 
 
 def test_each_service_group_and_shared_setup_module_runs_whole_on_one_worker(
@@ -30,7 +44,7 @@ def test_each_service_group_and_shared_setup_module_runs_whole_on_one_worker(
     plugins = ["-p", "worker_recorder", "-p", "no:cacheprovider"]
     whole = [path for paths in WHOLE_UNITS.values() for path in paths]
     done = subprocess.run(
-        ["bash", "scripts/run_tests.sh", *plugins, *whole, "tests/lib/test_windows.py"],
+        ["bash", "scripts/run_tests.sh", *plugins, *whole],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -39,17 +53,18 @@ def test_each_service_group_and_shared_setup_module_runs_whole_on_one_worker(
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    given = {record.name: record.read_text().split() for record in tmp_path.iterdir()}
+    given = {record.name: record.read_text().splitlines() for record in tmp_path.iterdir()}
     assert sorted(given) == ["gw0", "gw1", "gw2", "gw3"]
     ran = [node_id for node_ids in given.values() for node_id in node_ids]
     owners: dict[str, str] = {}
-    for unit, paths in WHOLE_UNITS.items():
-        assert any(node_id.startswith(paths) for node_id in ran), unit
-        workers = [w for w, node_ids in given.items() if any(n.startswith(paths) for n in node_ids)]
+    for unit in WHOLE_UNITS:
+        assert any(in_unit(unit, node_id) for node_id in ran), unit
+        workers = [w for w, node_ids in given.items() if any(in_unit(unit, n) for n in node_ids)]
         assert len(workers) == 1, (unit, workers)
         owners[unit] = workers[0]
-    # The units are the four largest, handed out first, one to each worker: none waits behind
-    # another. Which worker takes which single test depends on timing: each runs once somewhere.
-    assert sorted(owners.values()) == ["gw0", "gw1", "gw2", "gw3"], owners
-    windows = [node_id for node_id in ran if "test_windows" in node_id]
-    assert windows and len(windows) == len(set(windows))
+    # The largest units are handed out first, one to each worker: none waits behind another.
+    # Which worker takes which single test depends on timing: each runs once somewhere.
+    assert len({owners[unit] for unit in FIRST_HANDED}) == len(FIRST_HANDED), owners
+    others = [n for n in ran if "test_replace_contract" in n and "[spark" not in n]
+    assert others and len(others) == len(set(others))
+    assert len({w for w, node_ids in given.items() if set(others) & set(node_ids)}) > 1
