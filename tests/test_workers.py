@@ -4,6 +4,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from conftest import spark_test
 from worker_recorder import RECORD_DIR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -23,13 +24,8 @@ FIRST_HANDED = ("spark", "benchmarks", "e2e")
 
 
 def in_unit(unit: str, node_id: str) -> bool:
-    """Whether a node id belongs to ``unit``: by path, and for Spark also by the store's id."""
-    paths = WHOLE_UNITS[unit]
-    if unit == "spark":
-        return node_id.startswith(paths[0]) or (
-            node_id.startswith(paths[1]) and "[spark" in node_id
-        )
-    return node_id.startswith(paths)
+    """Whether a node id is in ``unit``: Spark's by the scheduler's own rule, others by path."""
+    return spark_test(node_id) if unit == "spark" else node_id.startswith(WHOLE_UNITS[unit])
 
 
 def test_each_service_group_and_shared_setup_module_runs_whole_on_one_worker(
