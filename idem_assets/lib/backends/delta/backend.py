@@ -31,6 +31,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
 
 from idem_assets.lib.backends.delta.errors import denied, log_damage, lost_commit, refused_rows
+from idem_assets.lib.backends.delta.handover import bounded
 from idem_assets.lib.backends.delta.layout import (
     DAY_COLUMN,
     OWNER_PREFIX,
@@ -709,11 +710,14 @@ class DeltaTransaction:
 
         def commit() -> int:
             with self._scanning():
+                rows = data()
+                if isinstance(rows, pa.RecordBatchReader):
+                    rows = bounded(rows)
                 if snap.table is None:
-                    return self._create(scope, snap, data())
+                    return self._create(scope, snap, rows)
                 write_deltalake(
                     snap.table,
-                    data(),
+                    rows,
                     mode="overwrite",
                     predicate=where,
                     schema_mode="merge" if adds else None,
