@@ -6,7 +6,8 @@ started once), then ``rows`` trips of the same day as a RecordBatchReader staged
 ``memory``, both with ``mode`` ("overwrite", or "merge" on ``trip_id``: the day's first trips
 updated, the others inserted). It prints the process's peak, how far that publish raised it,
 how far its commit alone raised it (from the process's size as the commit began), the batch's
-size as Arrow, and the day's rows and fingerprint as stored.
+size as Arrow, the most the batches handed to a writer held at once (Delta Lake's,
+:mod:`idem_assets.lib.backends.delta.handover`), and the day's rows and fingerprint as stored.
 """
 
 import json
@@ -91,6 +92,8 @@ def main() -> None:
                 "peak_increase": increase,
                 "commit_increase": commit,
                 "batch_bytes": size,
+                # What the pool a writer is handed batches in ever held (Delta Lake's commit).
+                "handed_peak": pa.system_memory_pool().max_memory(),
                 "stored": found[0] if found else None,
                 "fingerprint": fingerprint,
             }

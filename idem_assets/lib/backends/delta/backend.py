@@ -55,6 +55,7 @@ from idem_assets.lib.write.evaluator import (
     DuckDBEvaluator,
     StagedRows,
     embedded,
+    embedded_database,
     reading,
     staged_rows,
 )
@@ -75,7 +76,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
-from idem_assets.lib.write.streams import CHUNK_ROWS, Spilled, memory_lent
+from idem_assets.lib.write.streams import CHUNK_ROWS, SpillArea, Spilled, memory_lent
 
 # delta-rs splits a partitioned write over one writer per CPU, each taking the rows whose
 # partition values hash to it. A day's rows all hash to one, and DataFusion's repartition lets
@@ -191,6 +192,14 @@ class DeltaBackend:
         self.table_config = dict(table_config or {}) or None
         #: A local file system's limit on a file name; object stores take far longer keys.
         self.name_limit = 255 if "://" not in root or root.startswith("file://") else None
+
+    def spill_area(self) -> SpillArea:
+        """A streamed batch is staged in the embedded DuckDB, in a file once it is big.
+
+        The commit scans the copy once, for delta-rs's writer: a compressed file is read back
+        with less work than a table evicted to DuckDB's temporary files.
+        """
+        return SpillArea(embedded_database(), temporary=False, files=True)
 
     def writing(self) -> dict[str, Any]:
         """The writer properties a write or merge takes, when the IO manager set any."""
