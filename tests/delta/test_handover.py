@@ -42,10 +42,15 @@ def _finished(work: Callable[[], object], seconds: float) -> bool:
     return not thread.is_alive()
 
 
-def test_a_writer_slower_than_the_reader_holds_at_most_the_bound() -> None:
-    """A consumer taking every batch at once, freeing one every 5 ms, holds the bound and one batch.
+def _slow_write(
+    reader: pa.RecordBatchReader,
+    pause: tuple[int, threading.Event] | None = None,
+    on_batch: Callable[[], None] = lambda: None,
+) -> tuple[list[int], list[int]]:
+    """Take ``reader``'s batches as fast as it gives them, freeing one every 5 ms.
 
-    Handed over unbounded, it held nearly all 60 batches (96 MB) before freeing the first few.
+    What the system pool held past its size at the start as each batch was taken, and the ids
+    freed, in order; ``pause``: after that many batches the writer frees none until the event.
     """
     pool = pa.system_memory_pool()
     before = pool.bytes_allocated()
@@ -55,42 +60,111 @@ def test_a_writer_slower_than_the_reader_holds_at_most_the_bound() -> None:
     done = threading.Event()
 
     def write() -> None:
+        freed = 0
         while not (done.is_set() and not taken):
             if taken:
                 batch = taken.popleft()
                 ids.extend(batch.column(0).to_pylist())
                 del batch
+                freed += 1
+                if pause is not None and freed == pause[0]:
+                    pause[1].wait(30)
             time.sleep(0.005)
 
     writer = threading.Thread(target=write)
     writer.start()
-    for batch in bounded(_reader(), BOUND):
+    for batch in reader:
         taken.append(batch)
         held.append(pool.bytes_allocated() - before)
         del batch
+        on_batch()
     done.set()
     writer.join()
-    assert max(held) <= BOUND + BATCH_BYTES, max(held)
-    assert max(held) >= BOUND
+    return held, ids
+
+
+@pytest.fixture
+def no_stall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stall lets a batch past the bound: a busy machine cannot make the test pass or fail."""
+    monkeypatch.setattr(handover, "STALL_SECONDS", 3600.0)
+
+
+@pytest.mark.usefixtures("no_stall")
+def test_a_writer_slower_than_the_reader_holds_at_most_the_bound() -> None:
+    """A consumer taking every batch at once, freeing one every 5 ms, holds the bound and one batch.
+
+    Handed over unbounded, it held nearly all 60 batches (96 MB) before freeing the first few.
+    """
+    before = pa.system_memory_pool().bytes_allocated()
+    held, ids = _slow_write(bounded(_reader(), BOUND))
+    assert BOUND <= max(held) <= BOUND + BATCH_BYTES, max(held)
     assert ids == list(range(BATCHES * ROWS))
-    assert pool.bytes_allocated() == before
+    assert pa.system_memory_pool().bytes_allocated() == before
 
 
-def test_a_writer_that_keeps_every_batch_is_waited_on_once() -> None:
-    """A consumer that frees nothing (read_all) gets every row after one stall, not a hang."""
+def test_a_writer_that_pauses_is_bounded_again_once_it_frees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer that stops freeing for longer than a stall takes one bound more, then the bound.
+
+    Waiting stopped for good at the first stall: the rest of the stream went at once.
+    """
+    stalled = threading.Event()
+    stalls: list[bool] = []
+    room = handover._room
+
+    def watched(pool: pa.MemoryPool, limit: int) -> bool:
+        found = room(pool, limit)
+        if not found:
+            stalls.append(True)
+            stalled.set()
+        return found
+
+    monkeypatch.setattr(handover, "STALL_SECONDS", 0.3)
+    monkeypatch.setattr(handover, "_room", watched)
+    held, ids = _slow_write(bounded(_reader(), BOUND), pause=(5, stalled))
+    assert stalls == [True]
+    assert BOUND + BATCH_BYTES < max(held) <= 2 * BOUND + 2 * BATCH_BYTES, max(held)
+    assert max(held[-20:]) <= BOUND + BATCH_BYTES, held[-20:]
+    assert ids == list(range(BATCHES * ROWS))
+
+
+@pytest.mark.usefixtures("no_stall")
+def test_a_stream_counts_only_its_own_batches() -> None:
+    """What else the process allocates from Arrow's system pool does not hold the stream back.
+
+    Counted in the system pool itself, 64 MB allocated beside it kept the stream waiting.
+    """
+    pool = pa.system_memory_pool()
+    beside: list[pa.Buffer] = []
+
+    def allocate_once() -> None:
+        if not beside:
+            beside.append(pa.allocate_buffer(8 * BOUND, memory_pool=pool))
+
+    found: list[tuple[list[int], list[int]]] = []
+    done = _finished(
+        lambda: found.append(_slow_write(bounded(_reader(), BOUND), None, allocate_once)), 60
+    )
+    assert done
+    held, ids = found[0]
+    assert max(held) <= 8 * BOUND + BOUND + BATCH_BYTES
+    assert ids == list(range(BATCHES * ROWS))
+
+
+def test_a_writer_that_keeps_every_batch_is_waited_on_twice() -> None:
+    """A consumer that frees nothing (read_all) gets every row after two stalls, not a hang."""
     found: list[pa.Table] = []
     start = time.monotonic()
     assert _finished(lambda: found.append(bounded(_reader(), BOUND).read_all()), 30)
-    assert handover.STALL_SECONDS <= time.monotonic() - start < 3 * handover.STALL_SECONDS + 5
+    assert 2 * handover.STALL_SECONDS <= time.monotonic() - start < 2 * handover.STALL_SECONDS + 5
     assert found[0].num_rows == BATCHES * ROWS
     assert found[0].column("id").to_pylist() == list(range(BATCHES * ROWS))
 
 
-def test_delta_rs_frees_what_it_is_handed_as_it_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("no_stall")
+def test_delta_rs_frees_what_it_is_handed_as_it_writes(tmp_path: Path) -> None:
     """A real partitioned write under a bound of four batches, never let past it by a stall."""
-    monkeypatch.setattr(handover, "STALL_SECONDS", 3600.0)
     uri = str(tmp_path / "table")
 
     def write() -> None:

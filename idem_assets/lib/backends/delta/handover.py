@@ -5,12 +5,13 @@ before the day's one writer takes them back. While any task's queue is empty the
 on, so the queue of a task waiting on the busy writer can grow without end: writing a 20M-row
 day from a DuckDB reader peaked at 1.1-1.3 GB in 6 runs of 14, at 0.6-0.7 GB in the others.
 
-So each batch is copied (one memcpy) into Arrow's system memory pool, which pyarrow allocates
-nothing else from by default, and the next is handed over only once the pool holds at most
-:data:`IN_FLIGHT` more than when the stream began: what it holds is the batches delta-rs has
-taken and not freed yet. Bounded so, 9 runs of 9 peaked at 0.6-0.7 GB, as fast.
+So each batch is copied (one memcpy) into a memory pool of the stream's own (a proxy of
+Arrow's system pool, so nothing else is counted there), and the next is handed over only once
+that pool holds at most :data:`IN_FLIGHT` or two batches: what it holds is the batches
+delta-rs has taken and not freed yet. Bounded so, 9 runs of 9 peaked at 0.6-0.7 GB, as fast.
 """
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -18,10 +19,15 @@ import pyarrow as pa
 
 #: What delta-rs may hold at once of the rows handed to it and not written yet.
 IN_FLIGHT = 32 * 2**20
-#: A writer that frees nothing for this long keeps what it is given (a merge's hash join, one
-#: thread left to run it): the rest of the stream is handed over without waiting.
+#: A writer that frees nothing for this long is let past the bound by one more :data:`IN_FLIGHT`
+#: (a pause: a slow upload, a busy machine); two such stalls in a row, and it keeps what it is
+#: given (one tokio thread, which this wait holds): the rest is handed over without waiting.
 STALL_SECONDS = 1.0
 _POLL_SECONDS = 0.002
+#: Pools of streams that ended, empty: a buffer keeps a raw pointer to its pool, so a pool
+#: lives as long as the process, and is reused by the next stream.
+_IDLE: list[pa.MemoryPool] = []
+_IDLE_LOCK = threading.Lock()
 
 
 def bounded(reader: pa.RecordBatchReader, in_flight: int = IN_FLIGHT) -> pa.RecordBatchReader:
@@ -30,18 +36,43 @@ def bounded(reader: pa.RecordBatchReader, in_flight: int = IN_FLIGHT) -> pa.Reco
 
 
 def _handed(reader: pa.RecordBatchReader, in_flight: int) -> Iterator[pa.RecordBatch]:
-    pool = pa.system_memory_pool()
-    before = pool.bytes_allocated()
-    waiting = True
-    for batch in reader:
-        if waiting:
+    pool = _pool()
+    try:
+        # Past a stall the bound counts from what was held then, until the writer frees again.
+        base = stalls = freed_then = 0
+        for batch in reader:
+            if stalls and _freed(pool) > freed_then:
+                base = stalls = 0
             # Room for two batches at least, or wide ones would be written one at a time.
-            waiting = _room(pool, before + max(in_flight, 2 * batch.nbytes))
-        # Yielded unnamed: this frame keeps no reference to what delta-rs has taken.
-        yield pa.RecordBatch.from_arrays(
-            [pa.concat_arrays([column], memory_pool=pool) for column in batch.columns],
-            schema=batch.schema,
-        )
+            limit = base + max(in_flight, 2 * batch.nbytes)
+            if stalls < 2 and not _room(pool, limit):
+                base, stalls, freed_then = pool.bytes_allocated(), stalls + 1, _freed(pool)
+            # Yielded unnamed: this frame keeps no reference to what delta-rs has taken.
+            yield pa.RecordBatch.from_arrays(
+                [pa.concat_arrays([column], memory_pool=pool) for column in batch.columns],
+                schema=batch.schema,
+            )
+    finally:
+        _release(pool)
+
+
+def _pool() -> pa.MemoryPool:
+    """An empty pool of this stream's own."""
+    with _IDLE_LOCK:
+        for i, pool in enumerate(_IDLE):
+            if pool.bytes_allocated() == 0:
+                return _IDLE.pop(i)
+    return pa.proxy_memory_pool(pa.system_memory_pool())
+
+
+def _release(pool: pa.MemoryPool) -> None:
+    with _IDLE_LOCK:
+        _IDLE.append(pool)
+
+
+def _freed(pool: pa.MemoryPool) -> int:
+    """The bytes delta-rs has freed of what ``pool`` gave this stream."""
+    return pool.total_bytes_allocated() - pool.bytes_allocated()
 
 
 def _room(pool: pa.MemoryPool, limit: int) -> bool:
