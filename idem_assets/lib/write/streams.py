@@ -245,7 +245,7 @@ class SpillArea:
     temporary: bool
     #: Whether a stream outgrowing half the limit moves to a :class:`SpillFile`, for an engine
     #: that writes by scanning the copy; otherwise it stays in a table DuckDB evicts to its
-    #: temporary files (Delta Lake's write, which the limit is lent to, takes less memory so).
+    #: temporary files.
     files: bool = False
 
     @contextlib.contextmanager

@@ -196,8 +196,9 @@ class DeltaBackend:
     def spill_area(self) -> SpillArea:
         """A streamed batch is staged in the embedded DuckDB, in a file once it is big.
 
-        The commit scans the copy once, for delta-rs's writer: a compressed file is read back
-        with less work than a table evicted to DuckDB's temporary files.
+        The commit scans the copy for delta-rs's writer (the copy itself where the stream has
+        the types Delta stores): a compressed file is read back with less work than a table
+        evicted to DuckDB's temporary files.
         """
         return SpillArea(embedded_database(), temporary=False, files=True)
 
