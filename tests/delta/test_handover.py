@@ -129,6 +129,36 @@ def test_a_writer_that_pauses_is_bounded_again_once_it_frees(
     assert ids == list(range(BATCHES * ROWS))
 
 
+def test_a_writer_that_frees_only_between_waits_is_stalled_twice_in_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer on the one thread the wait holds (freeing only as it takes a batch): two stalls.
+
+    Bounded again whenever it had freed anything, it was stalled again and again: a second each.
+    """
+    stalls: list[bool] = []
+    room = handover._room
+
+    def watched(pool: pa.MemoryPool, limit: int) -> bool:
+        found = room(pool, limit)
+        if not found:
+            stalls.append(True)
+        return found
+
+    monkeypatch.setattr(handover, "STALL_SECONDS", 0.3)
+    monkeypatch.setattr(handover, "_room", watched)
+    taken: deque[pa.RecordBatch] = deque()
+    ids: list[int] = []
+    for batch in bounded(_reader(), BOUND):
+        taken.append(batch)
+        del batch
+        if len(taken) > 12:
+            ids.extend(taken.popleft().column(0).to_pylist())
+    ids.extend(i for batch in taken for i in batch.column(0).to_pylist())
+    assert stalls == [True, True]
+    assert ids == list(range(BATCHES * ROWS))
+
+
 @pytest.mark.usefixtures("no_stall")
 def test_a_stream_counts_only_its_own_batches() -> None:
     """What else the process allocates from Arrow's system pool does not hold the stream back.

@@ -20,8 +20,9 @@ import pyarrow as pa
 #: What delta-rs may hold at once of the rows handed to it and not written yet.
 IN_FLIGHT = 32 * 2**20
 #: A writer that frees nothing for this long is let past the bound by one more :data:`IN_FLIGHT`
-#: (a pause: a slow upload, a busy machine); two such stalls in a row, and it keeps what it is
-#: given (one tokio thread, which this wait holds): the rest is handed over without waiting.
+#: (a pause: a slow upload, a busy machine); stalled twice before it frees while a batch waits,
+#: it keeps what it is given (or runs on the one tokio thread this wait holds): the rest of the
+#: stream is handed over without waiting.
 STALL_SECONDS = 1.0
 _POLL_SECONDS = 0.002
 #: Pools of streams that ended, empty: a buffer keeps a raw pointer to its pool, so a pool
@@ -38,15 +39,19 @@ def bounded(reader: pa.RecordBatchReader, in_flight: int = IN_FLIGHT) -> pa.Reco
 def _handed(reader: pa.RecordBatchReader, in_flight: int) -> Iterator[pa.RecordBatch]:
     pool = _pool()
     try:
-        # Past a stall the bound counts from what was held then, until the writer frees again.
-        base = stalls = freed_then = 0
+        # Past a stall the bound counts from what was held then, and is whole again once the
+        # writer frees while this waits. A writer that frees only between waits (a runtime of
+        # one thread, which this wait holds) or never stalls it twice: then it is gone for good.
+        base = stalls = 0
         for batch in reader:
-            if stalls and _freed(pool) > freed_then:
-                base = stalls = 0
             # Room for two batches at least, or wide ones would be written one at a time.
             limit = base + max(in_flight, 2 * batch.nbytes)
-            if stalls < 2 and not _room(pool, limit):
-                base, stalls, freed_then = pool.bytes_allocated(), stalls + 1, _freed(pool)
+            if stalls < 2:
+                freed = _freed(pool)
+                if not _room(pool, limit):
+                    base, stalls = pool.bytes_allocated(), stalls + 1
+                elif _freed(pool) > freed:
+                    base = stalls = 0
             # Yielded unnamed: this frame keeps no reference to what delta-rs has taken.
             yield pa.RecordBatch.from_arrays(
                 [pa.concat_arrays([column], memory_pool=pool) for column in batch.columns],
