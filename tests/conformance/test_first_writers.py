@@ -32,9 +32,12 @@ REFUSALS = {c.__name__ for c in (ia.IdempotencyError, *ia.IdempotencyError.__sub
 
 
 def race(
-    store: Store, table: str, mode: str, writers: Sequence[Writer]
+    store: Store, table: str, mode: str, writers: Sequence[Writer], streamed: bool = False
 ) -> list[tuple[str, int, Any]]:
-    """Start every writer of asset ``table`` at once; each one's ``(outcome, attempts, detail)``."""
+    """Start every writer of asset ``table`` at once; each one's ``(outcome, attempts, detail)``.
+
+    ``streamed``: each returns its batch as a RecordBatchReader.
+    """
     ctx = context()
     barrier = ctx.Barrier(len(writers))
     children = []
@@ -42,7 +45,10 @@ def race(
         reader, sender = ctx.Pipe(duplex=False)
         args = (store.name, dict(store.config), dict(store.env), table, mode, day, version, variant)
         process = ctx.Process(
-            target=materialize_at_once, args=(*args, barrier, sender), daemon=True
+            target=materialize_at_once,
+            args=(*args, barrier, sender),
+            kwargs={"streamed": streamed},
+            daemon=True,
         )
         process.start()
         sender.close()
@@ -78,21 +84,32 @@ def summary(results: Sequence[tuple]) -> str:
 
 
 @pytest.mark.parametrize(
-    ("mode", "second"),
-    [("overwrite", (DAY, 2, "plain")), ("merge", (DAY, 2, "fewer"))],
-    ids=["overwrite", "merge"],
+    ("mode", "second", "streamed"),
+    [
+        ("overwrite", (DAY, 2, "plain"), False),
+        ("merge", (DAY, 2, "fewer"), False),
+        ("overwrite", (DAY, 2, "plain"), True),
+    ],
+    ids=["overwrite", "merge", "overwrite-streamed"],
 )
-def test_first_writers_of_one_day_leave_one_batch(store: Store, mode: str, second: Writer) -> None:
-    """One day, two batches (the merge's second lacks a tenth of the keys): one of them, whole."""
+def test_first_writers_of_one_day_leave_one_batch(
+    store: Store, mode: str, second: Writer, streamed: bool
+) -> None:
+    """One day, two batches (the merge's second lacks a tenth of the keys): one of them, whole.
+
+    Streamed, each batch is staged first and the engine writes it from the staged copy (Delta
+    Lake hands it to delta-rs a bounded amount at a time, through the creating commit too).
+    """
     writers = [(DAY, 1, "plain"), second]
     seen: Counter[str] = Counter()
     for i in range(RACES):
-        results = race(store, f"events_{i}", mode, writers)
+        results = race(store, f"events_{i}", mode, writers, streamed)
         stored = store.rows(f"events_{i}")
         assert stored in (rows_of(writers[:1]), rows_of(writers[1:])), summary(results)
         assert committed(writers, results), results
         seen[summary(results)] += 1
-    REPORT.append(f"first writers, one day, {mode}, {store.name}: {RACES} races: {dict(seen)}")
+    form = f"{mode}, streamed" if streamed else mode
+    REPORT.append(f"first writers, one day, {form}, {store.name}: {RACES} races: {dict(seen)}")
 
 
 @pytest.mark.parametrize(

@@ -52,8 +52,11 @@ def materialize_at_once(
     variant: str,
     barrier: threading.Barrier,
     report: multiprocessing.connection.Connection,
+    streamed: bool = False,
 ) -> None:
     """Materialise ``day`` of asset ``table`` (events) and report ``(outcome, attempts, detail)``.
+
+    ``streamed``: the asset returns its batch as a RecordBatchReader, staged before the guards.
 
     ``outcome`` is ``committed`` (``detail``: the materialization's metadata) or ``refused``
     (``detail``: the error's class and message); ``attempts`` counts the publishes that passed
@@ -83,8 +86,9 @@ def materialize_at_once(
             io_manager_key="merge_io_manager" if mode == "merge" else "io_manager",
             metadata=EVENTS,
         )
-        def source() -> pa.Table:
-            return batch(day, version, variant)
+        def source() -> Any:
+            found = batch(day, version, variant)
+            return found.to_reader() if streamed else found
 
         STAGE_HOOK.set(hold)
         try:
