@@ -102,51 +102,59 @@ def test_a_writer_slower_than_the_reader_holds_at_most_the_bound() -> None:
     assert pa.system_memory_pool().bytes_allocated() == before
 
 
-def test_a_writer_that_pauses_is_bounded_again_once_it_frees(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A writer that stops freeing for longer than a stall takes one bound more, then the bound.
-
-    Waiting stopped for good at the first stall: the rest of the stream went at once.
-    """
-    stalled = threading.Event()
-    stalls: list[bool] = []
+@pytest.fixture
+def stalls(monkeypatch: pytest.MonkeyPatch) -> threading.Semaphore:
+    """Stalls of 0.3 s, each released on the semaphore (it starts at 0) as the wait gives up."""
+    counted = threading.Semaphore(0)
     room = handover._room
 
     def watched(pool: pa.MemoryPool, limit: int) -> bool:
         found = room(pool, limit)
         if not found:
-            stalls.append(True)
-            stalled.set()
+            counted.release()
         return found
 
     monkeypatch.setattr(handover, "STALL_SECONDS", 0.3)
     monkeypatch.setattr(handover, "_room", watched)
+    return counted
+
+
+def _count(stalls: threading.Semaphore) -> int:
+    """How many stalls there were."""
+    found = 0
+    while stalls.acquire(blocking=False):
+        found += 1
+    return found
+
+
+def test_a_writer_that_pauses_is_bounded_again_once_it_frees(stalls: threading.Semaphore) -> None:
+    """A writer that stops freeing for longer than a stall takes one bound more, then the bound.
+
+    Waiting stopped for good at the first stall: the rest of the stream went at once.
+    """
+    stalled = threading.Event()
+
+    def resume_at_the_stall() -> None:
+        # The writer waits on an event: the first stall sets it, and puts its count back.
+        if stalls.acquire(timeout=30):
+            stalls.release()
+            stalled.set()
+
+    threading.Thread(target=resume_at_the_stall, daemon=True).start()
     held, ids = _slow_write(bounded(_reader(), BOUND), pause=(5, stalled))
-    assert stalls == [True]
+    assert _count(stalls) == 1
     assert BOUND + BATCH_BYTES < max(held) <= 2 * BOUND + 2 * BATCH_BYTES, max(held)
     assert max(held[-20:]) <= BOUND + BATCH_BYTES, held[-20:]
     assert ids == list(range(BATCHES * ROWS))
 
 
 def test_a_writer_that_frees_only_between_waits_is_stalled_twice_in_all(
-    monkeypatch: pytest.MonkeyPatch,
+    stalls: threading.Semaphore,
 ) -> None:
     """A writer on the one thread the wait holds (freeing only as it takes a batch): two stalls.
 
     Bounded again whenever it had freed anything, it was stalled again and again: a second each.
     """
-    stalls: list[bool] = []
-    room = handover._room
-
-    def watched(pool: pa.MemoryPool, limit: int) -> bool:
-        found = room(pool, limit)
-        if not found:
-            stalls.append(True)
-        return found
-
-    monkeypatch.setattr(handover, "STALL_SECONDS", 0.3)
-    monkeypatch.setattr(handover, "_room", watched)
     taken: deque[pa.RecordBatch] = deque()
     ids: list[int] = []
     for batch in bounded(_reader(), BOUND):
@@ -155,7 +163,7 @@ def test_a_writer_that_frees_only_between_waits_is_stalled_twice_in_all(
         if len(taken) > 12:
             ids.extend(taken.popleft().column(0).to_pylist())
     ids.extend(i for batch in taken for i in batch.column(0).to_pylist())
-    assert stalls == [True, True]
+    assert _count(stalls) == 2
     assert ids == list(range(BATCHES * ROWS))
 
 
