@@ -20,6 +20,12 @@ from idem_assets.lib.backends.duckdb.backend import table_columns
 from .support import NOW, settings, window
 
 _CONTEXT: Any = None
+#: The engines' modules, which a racing or killed writer of each engine imports: about a
+#: second of CPU per child for Iceberg's, less for the others'. Neither starts a thread or
+#: opens a connection when imported, so a fork after it is safe.
+BACKENDS = [
+    f"idem_assets.lib.backends.{engine}.backend" for engine in ("delta", "iceberg", "postgres")
+]
 
 
 def context() -> Any:
@@ -29,7 +35,7 @@ def context() -> Any:
         _CONTEXT = multiprocessing.get_context("forkserver")
         # Modules on the interpreter's own path: Python 3.11's forkserver ignores the parent's
         # sys.path when it preloads, so this test package itself is imported by each child.
-        _CONTEXT.set_forkserver_preload(["idem_assets", "dagster_duckdb", "pytest"])
+        _CONTEXT.set_forkserver_preload(["idem_assets", "dagster_duckdb", "pytest", *BACKENDS])
     return _CONTEXT
 
 
