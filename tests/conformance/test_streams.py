@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 import idem_assets as ia
+from idem_assets.lib.write import streams
 from tests.conformance.conftest import Store
 from tests.conformance.test_replace_contract import (
     ALL_DAYS,
@@ -121,6 +122,46 @@ def test_a_crash_inside_a_streamed_publish_leaves_the_old_window(store: Store, s
             on_stage=crash,
         )
     assert store.snapshot() == before
+
+
+#: The stores whose write reads the staged copy back into the engine, a batch at a time; DuckDB
+#: stages a stream in its table itself, and Spark's jobs read the copy as Parquet.
+SENT_BACK = {"delta", "iceberg", "iceberg-postgres", "postgres"}
+
+
+def test_a_streamed_publish_says_how_far_its_rows_got(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run log follows the rows: read, staged, judged, sent to the engine, committed."""
+    monkeypatch.setattr(streams, "PROGRESS_SECONDS", 0.0)
+    said: list[str] = []
+    with store.open() as backend:
+        caps = backend.capabilities
+        ia.publish(
+            backend,
+            streamed(events(ALL_DAYS[1])),
+            settings("overwrite", EVENTS, table="events"),
+            window(ALL_DAYS[1]),
+            now=NOW,
+            progress=said.append,
+        )
+    read = [m.split(" ")[1] for m in said if m.startswith("Staging: ")]
+    assert read == ["300", "600", "900", "1,000"], said
+    judged = next(i for i, m in enumerate(said) if m.startswith("Every guard passed"))
+    where = said[judged].removeprefix("Every guard passed on the staged batch of ")
+    where = where.removesuffix("; writing it.")
+    if caps.writes_in_commit:
+        handed = said.index(f"Committing 1,000 rows of {where}: {caps.engine} writes them now.")
+    else:
+        handed = said.index(f"Wrote 1,000 rows of {where}; committing.")
+    done = said.index(f"Committed {where}: main.events holds 1,000 rows there now.")
+    sent = [i for i, m in enumerate(said) if m.startswith("Writing: ")]
+    if store.name not in SENT_BACK:
+        assert not sent, said
+        return
+    assert said[sent[-1]].startswith(f"Writing: 1,000 of 1,000 rows sent to {caps.engine} in ")
+    # Where the commit writes the rows, they are sent after the write, else before it ends.
+    assert all((handed < i) == caps.writes_in_commit and judged < i < done for i in sent), said
 
 
 class SourceFailed(Exception):

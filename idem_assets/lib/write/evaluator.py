@@ -16,8 +16,8 @@ import pyarrow as pa
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.sql.predicates import Statement
 from idem_assets.lib.write.schema_fit import rounded_timestamps, stored_batch
-from idem_assets.lib.write.seam import Fitted
-from idem_assets.lib.write.streams import CHUNK_ROWS, cast_reader, spill_root
+from idem_assets.lib.write.seam import Fitted, Progress, no_progress
+from idem_assets.lib.write.streams import CHUNK_ROWS, Ticker, cast_reader, spill_root
 
 #: Registered names are the library's own: not plain identifiers, so no user table has one.
 BATCH_PREFIX = "idem-batch-"
@@ -220,20 +220,34 @@ class StagedRows:
 
 
 class Counted:
-    """A reader whose rows are counted as its consumer reads them."""
+    """A reader whose rows are counted as its consumer reads them, reporting now and then."""
 
-    def __init__(self, reader: pa.RecordBatchReader) -> None:
-        """Count the rows of ``reader``."""
+    def __init__(
+        self,
+        reader: pa.RecordBatchReader,
+        progress: Progress = no_progress,
+        engine: str = "",
+        total: int | None = None,
+    ) -> None:
+        """Count the rows of ``reader`` as ``engine`` reads them (``total`` of them, if known)."""
         self.rows = 0
         self._reader = reader
+        self._progress, self._engine, self._total = progress, engine, total
 
     def reader(self) -> pa.RecordBatchReader:
         """The rows, counted on the way through."""
         return pa.RecordBatchReader.from_batches(self._reader.schema, self._batches())
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
+        ticker = Ticker()
         for batch in self._reader:
             self.rows += batch.num_rows
+            seconds = ticker.due()
+            if seconds is not None:
+                of = "" if self._total is None else f" of {self._total:,}"
+                self._progress(
+                    f"Writing: {self.rows:,}{of} rows sent to {self._engine} in {seconds:.0f} s."
+                )
             yield batch
 
 

@@ -42,6 +42,7 @@ from idem_assets.lib.write.seam import (
     Fitted,
     PartitionColumns,
     Profiles,
+    Progress,
     Scope,
     Snapshot,
     Staged,
@@ -51,18 +52,17 @@ from idem_assets.lib.write.seam import (
     Transaction,
     WritePlan,
     Written,
+    no_progress,
     probe_of,
     values_of,
 )
 from idem_assets.lib.write.streams import (
     DEFAULT_MEMORY,
-    Progress,
     SpillArea,
     Spilled,
     Stream,
     as_stream,
     memory_limited,
-    no_progress,
     spilled,
 )
 
@@ -282,9 +282,14 @@ def _publish_in(
     snapshot = scope.snapshot
     on_stage("guards_passed")
     progress(f"Every guard passed on the staged batch of {where}; writing it.")
-    plan = WritePlan(scope, create=not snapshot.exists, claim=snapshot.owner is None)
+    plan = WritePlan(
+        scope, create=not snapshot.exists, claim=snapshot.owner is None, progress=progress
+    )
     written = tx.write(plan, on_stage)
-    progress(f"Wrote {written.rows:,} rows of {where}; committing.")
+    if caps.writes_in_commit:
+        progress(f"Committing {written.rows:,} rows of {where}: {caps.engine} writes them now.")
+    else:
+        progress(f"Wrote {written.rows:,} rows of {where}; committing.")
     if written.owner is not None:
         # A concurrent first writer of another asset may have claimed the table meanwhile.
         guards.refuse_other_owner(settings, where, written.owner, snapshot)

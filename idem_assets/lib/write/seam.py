@@ -284,6 +284,14 @@ class Summary:
     sample: pa.Table | None = None
 
 
+#: Reports a long publish's progress (the IO managers pass the run's log).
+Progress = Callable[[str], None]
+
+
+def no_progress(message: str) -> None:
+    """The progress hook of a caller that does not listen."""
+
+
 @dataclass(frozen=True)
 class WritePlan:
     """What the write does, decided by the publish once every guard has passed."""
@@ -293,6 +301,8 @@ class WritePlan:
     create: bool
     #: Whether the write records the asset as the table's owner (in the same commit).
     claim: bool
+    #: Where a write that reads the staged rows back into the engine says how far it got.
+    progress: Progress = no_progress
 
 
 @dataclass(frozen=True)
@@ -356,6 +366,9 @@ class Capabilities:
     #: transaction (:class:`StagesInPlace`), so it is written once rather than staged and
     #: copied; the engine says when a batch cannot be (it falls back to a staged copy).
     stages_in_place: bool = False
+    #: Whether the rows go into the engine in the commit (a held-back write that the commit
+    #: makes: Delta Lake's and Iceberg's data files), not in the write before it.
+    writes_in_commit: bool = False
 
 
 @runtime_checkable

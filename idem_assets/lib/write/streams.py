@@ -35,7 +35,7 @@ from idem_assets.lib.model.errors import SchemaMismatchError
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.write.runtime_values import _HEX32, _RANDOM_HEX, _RANDOM_UUID
 from idem_assets.lib.write.schema_fit import refuse_repeated_names
-from idem_assets.lib.write.seam import EngineBatch
+from idem_assets.lib.write.seam import EngineBatch, Progress, no_progress
 
 #: The memory DuckDB may take while it stages and judges a streamed batch, unless set otherwise.
 DEFAULT_MEMORY = "256MB"
@@ -48,13 +48,6 @@ SPILL_PREFIX = "idem-spill-"
 SPILL_FILE_PREFIX = "idem-spill-file-"
 #: Bare-hex values a probe keeps: the run-time check needs four to call a column uuid4().hex.
 _HEX_SAMPLE = 4
-
-#: Reports a long publish's progress (the IO managers pass the run's log).
-Progress = Callable[[str], None]
-
-
-def no_progress(message: str) -> None:
-    """The progress hook of a caller that does not listen."""
 
 
 @dataclass
@@ -678,27 +671,44 @@ def plain(schema: pa.Schema) -> pa.Schema:
     )
 
 
+class Ticker:
+    """When a long read says how far it got: at most once every :data:`PROGRESS_SECONDS`."""
+
+    def __init__(self) -> None:
+        self.start = self._said = time.monotonic()
+
+    def elapsed(self) -> float:
+        """The seconds since the read began."""
+        return time.monotonic() - self.start
+
+    def due(self) -> float | None:
+        """The seconds since the start if it is time to report, else ``None``."""
+        now = time.monotonic()
+        if now - self._said < PROGRESS_SECONDS:
+            return None
+        self._said = now
+        return now - self.start
+
+
 class _Counted:
     """A stream's batches counted as DuckDB reads them, reporting now and then."""
 
     def __init__(self, stream: Stream, progress: Progress) -> None:
         self.stream, self.progress = stream, progress
         self.rows, self.error = 0, None
-        self.start = time.monotonic()
+        self.ticker = Ticker()
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        return self.ticker.elapsed()
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         assert self.stream.reader is not None
-        said = self.start
         try:
             for batch in self.stream.reader:
                 self.rows += batch.num_rows
-                now = time.monotonic()
-                if now - said >= PROGRESS_SECONDS:
-                    self.progress(f"Staging: {self.rows:,} rows read in {now - self.start:.0f} s.")
-                    said = now
+                seconds = self.ticker.due()
+                if seconds is not None:
+                    self.progress(f"Staging: {self.rows:,} rows read in {seconds:.0f} s.")
                 yield batch
         except (Exception, KeyboardInterrupt) as exc:
             # The source's own failure; a GeneratorExit is DuckDB closing the read, whose own

@@ -52,6 +52,7 @@ from idem_assets.lib.model.windows import Box, Region, WriteWindow, stored_regio
 from idem_assets.lib.sql import statements
 from idem_assets.lib.sql.predicates import Statement
 from idem_assets.lib.write.evaluator import (
+    Counted,
     DuckDBEvaluator,
     StagedRows,
     embedded,
@@ -105,6 +106,7 @@ CAPABILITIES = Capabilities(
     engine="Delta Lake",
     types=DeltaTypes(""),
     commit="optimistic",
+    writes_in_commit=True,
     # Staging floors timestamps to the stored microseconds in Arrow: a floor keeps every row
     # on its side of a window bound, so the guards judge exactly the rows Delta stores.
     timestamps="floor",
@@ -602,11 +604,15 @@ class DeltaTransaction:
             sample = found.drop_columns([c for c in found.column_names if c == DAY_COLUMN])
         return Summary(existing, matched, elsewhere, sample)
 
-    def _stored(self, written: str, settings: WriteSettings) -> Callable[[], Rows]:
+    def _stored(
+        self, written: str, plan: WritePlan, total: int | None = None
+    ) -> Callable[[], Rows]:
         """The rows of ``written`` laid out as the table is (its :data:`DAY_COLUMN`).
 
-        A table in memory, or for a streamed batch a reader made anew for each read.
+        A table in memory, or for a streamed batch a reader made anew for each read, which
+        says in the run log how many of the ``total`` rows delta-rs has taken.
         """
+        settings = plan.scope.settings
         snap = self._current()
         # A table another tool made keeps its own layout: its files are never given the day.
         day_from = settings.time_column if snap.table is None or snap.partitioned else None
@@ -616,7 +622,8 @@ class DeltaTransaction:
             return lambda: table
 
         def stream() -> pa.RecordBatchReader:
-            found = staged.reader(written)
+            found = Counted(staged.reader(written), plan.progress, CAPABILITIES.engine, total)
+            found = found.reader()
             schema = with_day(found.schema.empty_table(), day_from).schema
             laid_out = (
                 b
@@ -674,7 +681,7 @@ class DeltaTransaction:
         snap = self._current()
         if settings.mode == "overwrite" or snap.table is None:
             after = self._after(scope, written, names)
-            self._pending = self._overwrite(scope, self._stored(written, settings), adds)
+            self._pending = self._overwrite(scope, self._stored(written, plan, rows), adds)
         elif adds or self._rewrites(scope):
             # The window as the merge leaves it is written instead, as the window's overwrite
             # (one commit): delta-rs's schema-merging MERGE commits the table's metadata without
@@ -682,10 +689,10 @@ class DeltaTransaction:
             # (its hash join cannot spill), where DuckDB computes the window under the staging
             # limit and the overwrite writes it a batch at a time.
             after = self._merged(scope, written, names)
-            self._pending = self._overwrite(scope, self._stored(after, settings), adds)
+            self._pending = self._overwrite(scope, self._stored(after, plan), adds)
         else:
             after = self._after(scope, written, names)
-            self._pending = self._merge(scope, self._stored(written, settings))
+            self._pending = self._merge(scope, self._stored(written, plan, rows))
         return Written(rows=rows, fingerprints=self._fingerprints(scope, after, names))
 
     def _rewrites(self, scope: Scope) -> bool:

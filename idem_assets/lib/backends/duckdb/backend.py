@@ -36,6 +36,7 @@ from idem_assets.lib.write.seam import (
     Fingerprints,
     Fitted,
     PartitionColumns,
+    Progress,
     Scope,
     Snapshot,
     Staged,
@@ -48,7 +49,6 @@ from idem_assets.lib.write.seam import (
 )
 from idem_assets.lib.write.streams import (
     CHUNK_ROWS,
-    Progress,
     SpillArea,
     Spilled,
     Stream,

@@ -47,6 +47,7 @@ from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import WriteWindow, stored_region
 from idem_assets.lib.sql import statements
 from idem_assets.lib.write.evaluator import (
+    Counted,
     DuckDBEvaluator,
     StagedRows,
     embedded,
@@ -83,6 +84,7 @@ CAPABILITIES = Capabilities(
     engine="Iceberg",
     types=ICEBERG_TYPES,
     commit="optimistic",
+    writes_in_commit=True,
     # Staging floors timestamps to Iceberg's microseconds in Arrow: a floor keeps every row on
     # its side of a window bound, so the guards judge exactly the rows Iceberg stores.
     timestamps="floor",
@@ -441,7 +443,7 @@ class IcebergTransaction:
             rows = self.evaluator.one(f"SELECT count(*) FROM {written}")[0]
         on_stage("deleted")
         key = tuple(scope.key) if settings.mode == "merge" and not settings.delete_missing else ()
-        change = self._change(scope, written, key, plan.claim)
+        change = self._change(plan, written, rows, key)
         self._pending = self._committer(scope, change, on_stage)
         return Written(rows=rows, fingerprints=self._fingerprints(scope, written, names))
 
@@ -459,8 +461,13 @@ class IcebergTransaction:
         keys = self.evaluator.arrow(f"SELECT DISTINCT {cols} FROM {staged.relation}")
         return keys.cast(pa.schema([staged.schema.field(k) for k in scope.key]))
 
-    def _change(self, scope: Scope, written: str, key: tuple[str, ...], claim: bool) -> Change:
-        """What the held-back commit writes: the batch over the window, owner and schema."""
+    def _change(self, plan: WritePlan, written: str, rows: int, key: tuple[str, ...]) -> Change:
+        """What the held-back commit writes: the batch over the window, owner and schema.
+
+        A streamed batch is read when the commit writes its files, and the run log says how
+        many of its ``rows`` Iceberg has taken.
+        """
+        scope, claim = plan.scope, plan.claim
         changes = scope.fitted.changes
         evolved_schema = None
         if changes and self._columns is not None:
@@ -474,7 +481,8 @@ class IcebergTransaction:
         if staged.streamed:
             # Read when the commit writes its files, a bounded table at a time.
             def chunks() -> Iterator[pa.Table]:
-                return _grouped(staged.reader(written), FILE_ROWS)
+                found = Counted(staged.reader(written), plan.progress, CAPABILITIES.engine, rows)
+                return _grouped(found.reader(), FILE_ROWS)
 
             batch, streamed = (self._keys(scope) if key else staged.schema.empty_table()), chunks
         else:

@@ -740,7 +740,8 @@ class PostgresTransaction:
         if settings.mode == "merge" and settings.dedupe_order_by:
             q = statements.dedupe(_source(scope), scope.key, settings.dedupe_order_by, names)
             written = self.evaluator.view(q)
-        rows = _Counted(staged.reader(written))
+        total = staged.num_rows if written == staged.relation else None
+        rows = _Counted(staged.reader(written), plan.progress, CAPABILITIES.engine, total)
         self.cur.adbc_ingest(
             settings.table, rows.reader(), mode="append", db_schema_name=settings.schema
         )
