@@ -21,8 +21,8 @@ from .support import NOW, settings, window
 
 _CONTEXT: Any = None
 #: The engines' modules, which a racing or killed writer of each engine imports: about a
-#: second of CPU per child for Iceberg's, less for the others'. Neither starts a thread or
-#: opens a connection when imported, so a fork after it is safe.
+#: second of CPU per child for Iceberg's, less for the others'. None of them starts a thread
+#: or opens a connection when imported, so a fork after them is safe.
 BACKENDS = [
     f"idem_assets.lib.backends.{engine}.backend" for engine in ("delta", "iceberg", "postgres")
 ]

@@ -622,8 +622,8 @@ class DeltaTransaction:
             return lambda: table
 
         def stream() -> pa.RecordBatchReader:
-            found = Counted(staged.reader(written), plan.progress, CAPABILITIES.engine, total)
-            found = found.reader()
+            counted = Counted(staged.reader(written), plan.progress, CAPABILITIES.engine, total)
+            found = counted.reader()
             schema = with_day(found.schema.empty_table(), day_from).schema
             laid_out = (
                 b
