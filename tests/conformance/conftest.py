@@ -315,10 +315,11 @@ FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
 #: gives two stores a share: the Iceberg PostgreSQL catalog its races and first writers, where
 #: the catalogs' compare-and-swap differs (the rest runs on the Iceberg SQLite catalog, the same
 #: backend); Spark, whose every publish is several Spark jobs and metastore calls on two shared
-#: cores, the replace contract and the race of two days' merges of tables (each racing writer
-#: starts a JVM of its own: the streamed and upsert forms of that race took 110 s and 160 s
-#: more of a loaded run, and a Spark merge of a batch from Arrow or from a stream counts the
-#: keys stored elsewhere through the same join, right before its commit, in every form).
+#: cores, the replace contract and one round of the race of two days' merges of tables (each
+#: racing writer starts a JVM of its own: the streamed and upsert forms of that race took 110 s
+#: and 160 s more of a loaded run, and a Spark merge of a batch from Arrow or from a stream
+#: counts the keys stored elsewhere through the same join, right before its commit, in every
+#: form).
 #: Spark's first writers of one day race in tests/spark/test_processes.py (two drivers, a new
 #: table, one batch left), so make test does not run that race twice.
 FULL = os.environ.get("IDEM_FULL", "") not in ("", "0")
