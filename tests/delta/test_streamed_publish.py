@@ -25,8 +25,27 @@ STAGING_LIMIT = 256_000_000
 HANDED_BATCH = CHUNK_ROWS * 40
 
 
+def test_a_streamed_day_staged_as_the_tables_file_stays_within_the_staging_limit(
+    tmp_path: Path,
+) -> None:
+    """6M rows, 216 MB as Arrow, written once as the table's file under the 256 MB limit.
+
+    DuckDB encodes the stream into the file under the limit; the guards read the file, and the
+    commit only adds it to the log: it hands delta-rs no rows.
+    """
+    published = _published(tmp_path, ROWS, "overwrite")
+    assert published["batch_bytes"] == 216_000_000
+    assert published["peak_increase"] < STAGING_LIMIT, published
+    assert published["commit_increase"] < HANDED_BATCH, published
+    assert published["stored"] == ROWS
+    assert published["fingerprint"] == _fingerprint_of(tmp_path, ROWS)
+
+
 def test_a_streamed_commit_stays_within_the_staging_limit(tmp_path: Path) -> None:
     """6M rows, 216 MB as Arrow, staged under the default 256 MB, published in a fresh process.
+
+    Written by delta-rs, as a publish with writer properties is (so is a batch to fit to the
+    table, or one of several days): the staged rows are handed to its writer.
 
     delta-rs split the day's write over a writer per CPU, and the batches the one busy writer
     had not encoded queued in memory: the commit alone raised the peak by 1.5 times the batch.
@@ -36,7 +55,7 @@ def test_a_streamed_commit_stays_within_the_staging_limit(tmp_path: Path) -> Non
     delta-rs held 19-25 MB of the handed batches at most (85 MB once in three runs unbounded;
     tests/delta/test_handover.py proves the bound itself).
     """
-    published = _published(tmp_path, ROWS, "overwrite")
+    published = _published(tmp_path, ROWS, "overwrite", {"compression": "SNAPPY"})
     assert published["batch_bytes"] == 216_000_000
     assert HANDED_BATCH <= published["handed_peak"] <= IN_FLIGHT + 2 * HANDED_BATCH, published
     assert published["commit_increase"] < STAGING_LIMIT, published
@@ -64,9 +83,12 @@ def test_a_streamed_merge_commit_stays_within_the_staging_limit(tmp_path: Path) 
     assert published["fingerprint"] == _fingerprint_of(tmp_path, MERGED_ROWS)
 
 
-def _published(tmp_path: Path, rows: int, mode: str) -> dict[str, Any]:
+def _published(
+    tmp_path: Path, rows: int, mode: str, writer_properties: dict[str, str] | None = None
+) -> dict[str, Any]:
     """What a fresh child reports of publishing ``rows`` streamed rows to a new lake."""
-    spec = (partial(DeltaBackend, str(tmp_path / "lake")), rows, STAGING_MEMORY, mode)
+    lake = partial(DeltaBackend, str(tmp_path / "lake"), writer_properties=writer_properties)
+    spec = (lake, rows, STAGING_MEMORY, mode)
     return run_child(PUBLISH_WORKER, spec)
 
 

@@ -46,6 +46,7 @@ from idem_assets.lib.write.seam import (
     Scope,
     Snapshot,
     Staged,
+    StagesFiles,
     StagesInPlace,
     Summary,
     TableRef,
@@ -161,6 +162,12 @@ def publish(
         done = _publish_in_place(backend, stream, settings, window, now, on_stage, memory, progress)
         if done is not None:
             return done
+    if isinstance(stream, Stream) and not stream.relation and backend.capabilities.stages_files:
+        done = _publish_files(
+            backend, stream, settings, window, now, on_stage, attempts, memory, progress
+        )
+        if done is not None:
+            return done
     with spilled(stream, spill_area(backend), memory, progress) as staged:
         return _publish(
             backend, staged.batch(), settings, window, now, on_stage, attempts, progress
@@ -249,6 +256,34 @@ def _publish_in_place(
         return None
     progress(f"Committed {where}: {result.table} holds {result.rows:,} rows there now.")
     return replace(result, committed=dict(tx.committed))
+
+
+def _publish_files(
+    backend: Backend,
+    stream: Stream,
+    settings: WriteSettings,
+    window: WriteWindow | None,
+    now: datetime | None,
+    on_stage: Callable[[str], None] | None,
+    attempts: int,
+    memory: str,
+    progress: Progress,
+) -> PublishResult | None:
+    """The stream staged as the table's own files, then published; ``None``: it cannot be.
+
+    The files outlive an attempt that lost its commit: the next one judges them again.
+    """
+    assert isinstance(backend, StagesFiles), type(backend)
+    with memory_limited(spill_area(backend).conn, memory):
+        staged = backend.stage_files(stream, settings, memory, progress)
+        if staged is None:
+            return None
+        try:
+            return _publish(
+                backend, staged.batch(), settings, window, now, on_stage, attempts, progress
+            )
+        finally:
+            staged.drop()
 
 
 def _lost_every_commit(where: str, attempts: int, exc: CommitConflict) -> str:

@@ -366,6 +366,10 @@ class Capabilities:
     #: transaction (:class:`StagesInPlace`), so it is written once rather than staged and
     #: copied; the engine says when a batch cannot be (it falls back to a staged copy).
     stages_in_place: bool = False
+    #: Whether a streamed batch may be staged as the table's own data files, written once,
+    #: outside its log until the commit adds them (:class:`StagesFiles`); the engine says when
+    #: it cannot be (the batch is then staged apart).
+    stages_files: bool = False
     #: Whether the rows go into the engine in the commit (a held-back write that the commit
     #: makes: Delta Lake's and Iceberg's data files), not in the write before it.
     writes_in_commit: bool = False
@@ -433,6 +437,28 @@ class StagesInPlace(Protocol):
         progress: Callable[[str], None],
     ) -> "Spilled | None":
         """The stream inserted into its table, read as a staged batch; ``None``: stage it apart.
+
+        ``None`` leaves the stream unread, for the engine's staged copy.
+        """
+        ...
+
+
+@runtime_checkable
+class StagesFiles(Protocol):
+    """A backend that stages a streamed batch as data files of its table, outside its log.
+
+    Delta Lake writes the stream once as a Parquet file in the table's folder; the guards read
+    that file, the commit adds it, and a publish that does not commit removes it.
+    """
+
+    def stage_files(
+        self,
+        stream: "Stream",
+        settings: WriteSettings,
+        memory: str,
+        progress: Callable[[str], None],
+    ) -> "Spilled | None":
+        """The stream written as the table's files, read as a staged batch; ``None``: apart.
 
         ``None`` leaves the stream unread, for the engine's staged copy.
         """

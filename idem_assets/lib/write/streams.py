@@ -524,6 +524,48 @@ def insert(
     return rows, counted.elapsed()
 
 
+@dataclass(frozen=True)
+class ParquetCopy:
+    """A stream read once into one Parquet file: its rows, bytes, seconds and statistics."""
+
+    rows: int
+    size: int
+    seconds: float
+    #: Per column (by its plain name): DuckDB's ``min``, ``max`` and ``null_count``, as text.
+    statistics: dict[str, dict[str, str]]
+
+
+def copy_to_parquet(
+    stream: Stream, conn: duckdb.DuckDBPyConnection, path: str, progress: Progress = no_progress
+) -> ParquetCopy:
+    """Read ``stream`` once into the Parquet file ``path`` (Snappy, as delta-rs writes).
+
+    DuckDB encodes the file on every core, under the caller's memory limit; the stream's
+    leftovers are cleaned up once read.
+    """
+    counted = _Counted(stream, progress)
+    with _read_once(stream, conn, counted) as sources:
+        if stream.parquet is not None:
+            source, params = "read_parquet(?)", [stream.parquet]
+        else:
+            reader = pa.RecordBatchReader.from_batches(stream.schema, counted.batches())
+            source, params = _registered(conn, reader, sources), []
+        done = conn.execute(
+            f"COPY (SELECT * FROM {source}) TO ? (FORMAT parquet, COMPRESSION snappy,"
+            " RETURN_STATS)",
+            [*params, path],
+        )
+        names = [d[0] for d in done.description or []]
+        found = dict(zip(names, done.fetchall()[0], strict=True))
+    statistics = {
+        name.strip('"').replace('""', '"'): dict(values)
+        for name, values in (found["column_statistics"] or {}).items()
+    }
+    return ParquetCopy(
+        int(found["count"]), int(found["file_size_bytes"]), counted.elapsed(), statistics
+    )
+
+
 @contextlib.contextmanager
 def _read_once(
     stream: Stream, conn: duckdb.DuckDBPyConnection, counted: "_Counted"

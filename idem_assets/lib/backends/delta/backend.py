@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import date
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import duckdb
@@ -30,6 +31,7 @@ from deltalake import CommitProperties, DeltaTable, WriterProperties, write_delt
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
 
+from idem_assets.lib.backends.delta import staged_files
 from idem_assets.lib.backends.delta.errors import denied, log_damage, lost_commit, refused_rows
 from idem_assets.lib.backends.delta.handover import bounded
 from idem_assets.lib.backends.delta.layout import (
@@ -67,6 +69,7 @@ from idem_assets.lib.write.seam import (
     Fingerprints,
     Fitted,
     PartitionColumns,
+    Progress,
     Scope,
     Snapshot,
     Staged,
@@ -77,7 +80,7 @@ from idem_assets.lib.write.seam import (
     Written,
     selected_columns,
 )
-from idem_assets.lib.write.streams import CHUNK_ROWS, SpillArea, Spilled, memory_lent
+from idem_assets.lib.write.streams import CHUNK_ROWS, SpillArea, Spilled, Stream, memory_lent
 
 # delta-rs splits a partitioned write over one writer per CPU, each taking the rows whose
 # partition values hash to it. A day's rows all hash to one, and DataFusion's repartition lets
@@ -107,6 +110,7 @@ CAPABILITIES = Capabilities(
     types=DeltaTypes(""),
     commit="optimistic",
     writes_in_commit=True,
+    stages_files=True,
     # Staging floors timestamps to the stored microseconds in Arrow: a floor keeps every row
     # on its side of a window bound, so the guards judge exactly the rows Delta stores.
     timestamps="floor",
@@ -203,6 +207,23 @@ class DeltaBackend:
         evicted to DuckDB's temporary files.
         """
         return SpillArea(embedded_database(), temporary=False, files=True)
+
+    def stage_files(
+        self, stream: Stream, settings: WriteSettings, memory: str, progress: Progress
+    ) -> Spilled | None:
+        """The stream written once as a data file of its table (:mod:`.staged_files`), if it can be.
+
+        ``None`` (the stream unread) for a table to create, one on object storage or laid out
+        otherwise, a batch to fit to it, or writer properties the IO manager set.
+        """
+        uri = self.uri(settings.schema, settings.table)
+        folder = staged_files.local_folder(self.root, uri)
+        if folder is None or self.writer_properties is not None or settings.time_column is None:
+            return None
+        table = self.open(uri)
+        if table is None or not staged_files.fits(table, settings, stream.schema):
+            return None
+        return staged_files.stage_files(uri, folder, stream, settings.time_column, memory, progress)
 
     def writing(self) -> dict[str, Any]:
         """The writer properties a write or merge takes, when the IO manager set any."""
@@ -679,7 +700,11 @@ class DeltaTransaction:
             rows = self.evaluator.one(f"SELECT count(*) FROM {written}")[0]
         on_stage("deleted")
         snap = self._current()
-        if settings.mode == "overwrite" or snap.table is None:
+        files = self._files_to_add(scope, written, adds)
+        if files is not None:
+            after = self._after(scope, written, names)
+            self._pending = self._add(files)
+        elif settings.mode == "overwrite" or snap.table is None:
             after = self._after(scope, written, names)
             self._pending = self._overwrite(scope, self._stored(written, plan, rows), adds)
         elif adds or self._rewrites(scope):
@@ -694,6 +719,35 @@ class DeltaTransaction:
             after = self._after(scope, written, names)
             self._pending = self._merge(scope, self._stored(written, plan, rows))
         return Written(rows=rows, fingerprints=self._fingerprints(scope, after, names))
+
+    def _files_to_add(
+        self, scope: Scope, written: str, adds: bool
+    ) -> tuple[staged_files.StagedFiles, list[date]] | None:
+        """The staged file and the window's days, when the commit can add the file as it is.
+
+        The file must hold the rows exactly as written (nothing fitted, deduplicated or added)
+        for one day of a window of whole days, into the table as the publish read it.
+        """
+        files, snap = self._spilled, self._current()
+        if not isinstance(files, staged_files.StagedFiles) or files.day is None or adds:
+            return None
+        if snap.table is None or snap.uri != files.uri or written != files.relation:
+            return None
+        if not staged_files.fits(snap.table, scope.settings, files.schema):
+            return None
+        days = staged_files.whole_days(scope.region, scope.settings.time_column)
+        if days is None or files.day not in days:
+            return None
+        return files, days
+
+    def _add(self, found: tuple[staged_files.StagedFiles, list[date]]) -> Callable[[], int]:
+        """The commit that adds the staged file in place of the window's days."""
+        snap = self._current()
+        assert snap.table is not None
+        table, folder = snap.table, staged_files.local_folder(self.backend.root, snap.uri)
+        assert folder is not None
+        files, days = found
+        return lambda: staged_files.add(table, files, folder, days, self._commit_properties)
 
     def _rewrites(self, scope: Scope) -> bool:
         """Whether a merge of a streamed batch is written as the window's overwrite.

@@ -1,0 +1,226 @@
+"""A streamed overwrite of a day is staged as the table's own data file and committed as it is."""
+
+import json
+import multiprocessing.connection
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+import idem_assets as ia
+from idem_assets.lib.backends.delta.backend import DeltaBackend
+from tests.conformance.race_workers import publish_at_barrier
+from tests.helpers import NOW, settings, window
+from tests.reliability.support import REPORT, count
+from tests.reliability.workers import context, write_batch
+
+TRIPS: dict[str, Any] = {"partition_expr": "pickup_at"}
+FIRST, SECOND, THIRD = "2026-01-01", "2026-01-02", "2026-01-03"
+#: Held at the barrier, a commit that adds its file beside the other's breaks the first race.
+RACES = count(2, 10)
+WAIT_S = 120.0
+
+
+def trips(day: str, ids: range, tz: str | None = None) -> pa.Table:
+    """Trips ``ids`` picked up a minute and a few microseconds apart on ``day``."""
+    start = datetime.fromisoformat(day).replace(tzinfo=UTC if tz else None)
+    times = [start + timedelta(minutes=i, microseconds=7 * i + 1) for i in range(len(ids))]
+    return pa.table(
+        {
+            "trip_id": pa.array(list(ids), pa.int64()),
+            "pickup_at": pa.array(times, pa.timestamp("us", tz)),
+            "zone": pa.array([f"z{i % 5}" for i in ids]),
+            "fare": pa.array([i / 4 for i in ids]),
+        }
+    )
+
+
+def publish(root: Path, batch: pa.Table | pa.RecordBatchReader, day: str) -> ia.PublishResult:
+    with DeltaBackend(str(root)) as backend:
+        return ia.publish(backend, batch, settings("overwrite", TRIPS), window(day), now=NOW)
+
+
+def day_files(root: Path, day: str) -> list[dict[str, Any]]:
+    """The add actions of ``day`` in the table's latest version."""
+    table = DeltaTable(str(root / "main" / "trips"))
+    actions = pa.table(table.get_add_actions(flatten=False)).to_pylist()  # type: ignore[arg-type]
+    return [a for a in actions if a["path"].startswith(f"idem-day={day}/")]
+
+
+def rows(root: Path, day: str | None = None) -> list[tuple]:
+    found = DeltaTable(str(root / "main" / "trips")).to_pyarrow_table()
+    if day is not None:
+        found = found.filter(
+            pc.equal(found["idem-day"], pa.scalar(datetime.fromisoformat(day).date()))
+        )
+    return sorted(zip(*found.drop_columns(["idem-day"]).to_pydict().values(), strict=True))
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` and its bytes; every folder as an empty entry."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else b""
+        for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize("tz", [None, "UTC"], ids=["naive", "aware"])
+def test_a_streamed_day_is_committed_as_the_file_it_was_staged_in(
+    tmp_path: Path, tz: str | None
+) -> None:
+    """The rerun of a day: one commit adds the staged file and removes the day's old files."""
+    publish(tmp_path, trips(FIRST, range(0, 50), tz), FIRST)
+    publish(tmp_path, trips(SECOND, range(100, 200), tz), SECOND)
+    again = trips(SECOND, range(300, 360), tz)
+    messages: list[str] = []
+    with DeltaBackend(str(tmp_path)) as backend:
+        result = ia.publish(
+            backend,
+            pa.RecordBatchReader.from_batches(again.schema, again.to_batches(max_chunksize=16)),
+            settings("overwrite", TRIPS),
+            window(SECOND),
+            now=NOW,
+            progress=messages.append,
+        )
+    assert result.rows == 60
+    assert any("as a data file of the Delta table" in m for m in messages), messages
+    [added] = day_files(tmp_path, SECOND)
+    assert added["path"].startswith(f"idem-day={SECOND}/part-idem-"), added
+    assert added["partition"] == {"idem-day": datetime.fromisoformat(SECOND).date()}
+    assert added["num_records"] == 60
+    assert added["min"]["trip_id"] == 300 and added["max"]["trip_id"] == 359
+    assert added["null_count"]["zone"] == 0
+    # Timestamps to the millisecond, as delta-rs records them (readers widen the maximum).
+    first_time = again["pickup_at"][0].as_py()
+    assert added["min"]["pickup_at"] == first_time.replace(
+        microsecond=first_time.microsecond // 1000 * 1000
+    )
+    assert rows(tmp_path, SECOND) == sorted(zip(*again.to_pydict().values(), strict=True))
+    assert len(rows(tmp_path, FIRST)) == 50
+    assert not list(tmp_path.rglob("idem-staged-*"))
+    # Readers that skip files by the statistics find every row of a range inside the day.
+    dataset = DeltaTable(str(tmp_path / "main" / "trips")).to_pyarrow_dataset()
+    last = again["pickup_at"][59].as_py()
+    found = dataset.to_table(
+        filter=(pc.field("pickup_at") >= first_time) & (pc.field("pickup_at") <= last)
+    )
+    assert found.num_rows == 60
+    history = DeltaTable(str(tmp_path / "main" / "trips")).history(1)[0]
+    assert history["operation"] == "WRITE" and history["operationParameters"]["mode"] == "Overwrite"
+
+
+def test_a_stream_of_two_days_is_written_by_delta_rs(tmp_path: Path) -> None:
+    """A file of two days cannot be one day's: delta-rs writes the rows, the file goes."""
+    publish(tmp_path, trips(FIRST, range(0, 10)), FIRST)
+    both = pa.concat_tables([trips(SECOND, range(10, 20)), trips(THIRD, range(20, 30))])
+    with DeltaBackend(str(tmp_path)) as backend:
+        ia.publish(
+            backend, both.to_reader(), settings("overwrite", TRIPS), window(SECOND, THIRD), now=NOW
+        )
+    assert rows(tmp_path) == sorted(
+        zip(*pa.concat_tables([trips(FIRST, range(0, 10)), both]).to_pydict().values(), strict=True)
+    )
+    assert not [a for a in day_files(tmp_path, SECOND) if "part-idem-" in a["path"]]
+    assert not list(tmp_path.rglob("idem-staged-*")) and not list(tmp_path.rglob("part-idem-*"))
+
+
+@pytest.mark.parametrize("day", [FIRST, SECOND], ids=["day-with-files", "new-day"])
+def test_a_refused_streamed_day_leaves_the_lake_byte_identical(tmp_path: Path, day: str) -> None:
+    """Rows of ``day`` published as THIRD's are refused: the staged file and its folder go."""
+    publish(tmp_path, trips(FIRST, range(0, 10)), FIRST)
+    before = tree(tmp_path)
+    with pytest.raises(ia.IdempotencyError), DeltaBackend(str(tmp_path)) as backend:
+        ia.publish(
+            backend,
+            trips(day, range(50, 60)).to_reader(),
+            settings("overwrite", TRIPS),
+            window(THIRD),
+            now=NOW,
+        )
+    assert tree(tmp_path) == before
+
+
+def unnamed(root: Path) -> list[str]:
+    """Files the writers staged that no version of the log names (a later one may remove it)."""
+    log = "".join(p.read_text() for p in root.rglob("_delta_log/*.json"))
+    staged = [*root.rglob("part-idem-*"), *root.rglob("idem-staged-*")]
+    return [p.name for p in staged if p.name not in log]
+
+
+def race(root: Path, batches: dict[str, pa.Table]) -> list[tuple[str, Any, str]]:
+    """Publish each batch streamed in its own process, all held before commit; their outcomes."""
+    ctx = context()
+    barrier = ctx.Barrier(len(batches))
+    readers = []
+    for name, batch in batches.items():
+        path = root.parent / f"{root.name}-{name}.arrow"
+        write_batch(str(path), batch)
+        day = batch["pickup_at"][0].as_py().date().isoformat()
+        reader, writer = ctx.Pipe(duplex=False)
+        args = (partial(DeltaBackend, str(root)), str(path), "overwrite", TRIPS, "trips", [day])
+        process = ctx.Process(
+            target=publish_at_barrier, args=(*args, barrier, writer, True), daemon=True
+        )
+        process.start()
+        writer.close()
+        readers.append(reader)
+    outcomes = []
+    while readers:
+        ready = multiprocessing.connection.wait(readers, WAIT_S)
+        assert ready, f"the writers stopped reporting: {outcomes}"
+        for reader in ready:
+            message = reader.recv() if reader.poll() else ("error", "EOFError", "")
+            if message[0] == "held":
+                continue
+            outcomes.append(message)
+            readers.remove(reader)
+            if message[0] == "error":
+                barrier.abort()
+    return outcomes
+
+
+def test_streamed_writers_of_a_new_day_leave_one_batch(tmp_path: Path) -> None:
+    """Both stage a file of the day the table lacks, both pass the guards: one batch stays.
+
+    delta-rs records such a commit without a predicate, so its own retry would add the
+    second file beside the first: the day would hold both batches.
+    """
+    first, second = trips(SECOND, range(100, 130)), trips(SECOND, range(200, 240))
+    seen: Counter[str] = Counter()
+    for i in range(RACES):
+        root = tmp_path / f"lake{i}"
+        publish(root, trips(FIRST, range(0, 10)), FIRST)
+        outcomes = race(root, {"a": first, "b": second})
+        assert [o for o in outcomes if o[0] == "committed"], outcomes
+        for outcome in outcomes:
+            assert outcome[0] == "committed" or outcome[1] == "ConcurrentWriteError", outcome
+        stored = rows(root, SECOND)
+        assert stored in (
+            sorted(zip(*first.to_pydict().values(), strict=True)),
+            sorted(zip(*second.to_pydict().values(), strict=True)),
+        ), f"{len(stored)} rows: {outcomes}"
+        [added] = day_files(root, SECOND)
+        assert "part-idem-" in added["path"]
+        assert not unnamed(root), "a file no commit added stayed behind"
+        seen[" + ".join(sorted(o[0] for o in outcomes))] += 1
+    REPORT.append(f"staged Delta files, writers of a new day: {RACES} races: {dict(seen)}")
+
+
+def test_streamed_writers_of_two_days_both_commit(tmp_path: Path) -> None:
+    """Writers of different days each add their file: the later one commits on top."""
+    second, third = trips(SECOND, range(100, 130)), trips(THIRD, range(200, 240))
+    for i in range(RACES):
+        root = tmp_path / f"lake{i}"
+        publish(root, trips(FIRST, range(0, 10)), FIRST)
+        outcomes = race(root, {"a": second, "b": third})
+        assert [o[0] for o in outcomes] == ["committed", "committed"], outcomes
+        assert len(rows(root)) == 10 + 30 + 40
+        assert len(day_files(root, SECOND)) == len(day_files(root, THIRD)) == 1
+    history = DeltaTable(str(tmp_path / "lake0" / "main" / "trips")).history()
+    assert json.dumps(history[0]["operationParameters"]).count("Overwrite") == 1
