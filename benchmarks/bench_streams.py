@@ -388,6 +388,8 @@ def _lines(
         " (DuckDB DELETE + INSERT from the reader, PostgreSQL DELETE + ADBC binary COPY, Delta"
         " write_deltalake(mode='overwrite', predicate=<the day>)); ours reads the stream once"
         " into DuckDB, runs every guard there, then streams the staged rows into the engine"
+        " (DuckDB: into the table itself; Delta Lake: as the table's own Parquet file, which"
+        " the commit adds)"
     )
     return lines
 
