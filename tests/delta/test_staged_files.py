@@ -111,8 +111,54 @@ def test_a_streamed_day_is_committed_as_the_file_it_was_staged_in(
         filter=(pc.field("pickup_at") >= first_time) & (pc.field("pickup_at") <= last)
     )
     assert found.num_rows == 60
+    # And by every other column: a missing extreme would make Arrow skip the whole file.
+    by_zone = dataset.to_table(filter=pc.field("zone") == "z0").column("trip_id").to_pylist()
+    assert sorted(by_zone) == [i for i in [*range(0, 50), *range(300, 360)] if i % 5 == 0]
+    assert dataset.to_table(filter=pc.field("fare") >= 75).num_rows == 60
     history = DeltaTable(str(tmp_path / "main" / "trips")).history(1)[0]
     assert history["operation"] == "WRITE" and history["operationParameters"]["mode"] == "Overwrite"
+
+
+def test_a_committed_file_stays_when_the_next_commit_replaces_it(tmp_path: Path) -> None:
+    """Another run replaces the day between this commit and its clean-up: the file stays.
+
+    The version this publish committed must stay readable (time travel, a reader still on
+    it) until VACUUM: only a file no commit added is the publish's to remove.
+    """
+    publish(tmp_path, trips(FIRST, range(0, 10)), FIRST)
+    rerun = trips(SECOND, range(50, 55))
+
+    def replace_at_commit(message: str) -> None:
+        if message.startswith("Committed"):
+            publish(tmp_path, rerun, SECOND)
+
+    with DeltaBackend(str(tmp_path)) as backend:
+        result = ia.publish(
+            backend,
+            trips(SECOND, range(10, 20)).to_reader(),
+            settings("overwrite", TRIPS),
+            window(SECOND),
+            now=NOW,
+            progress=replace_at_commit,
+        )
+    version = result.committed["delta_version"]
+    at_commit = DeltaTable(str(tmp_path / "main" / "trips"), version=version).to_pyarrow_table()
+    assert sorted(at_commit["trip_id"].to_pylist()) == [*range(0, 10), *range(10, 20)]
+    assert rows(tmp_path, SECOND) == sorted(zip(*rerun.to_pydict().values(), strict=True))
+
+
+def test_a_day_without_exact_extremes_is_added_without_statistics(tmp_path: Path) -> None:
+    """A NaN has no place in Delta's extremes: the file goes in without any, read whole."""
+    publish(tmp_path, trips(FIRST, range(0, 10)), FIRST)
+    batch = trips(SECOND, range(10, 20))
+    fares = pa.array([float("nan"), *[float(i) for i in range(11, 20)]])
+    batch = batch.set_column(3, "fare", fares)
+    publish(tmp_path, batch.to_reader(), SECOND)
+    [added] = day_files(tmp_path, SECOND)
+    assert "part-idem-" in added["path"] and added["num_records"] is None, added
+    dataset = DeltaTable(str(tmp_path / "main" / "trips")).to_pyarrow_dataset()
+    assert dataset.to_table(filter=pc.field("fare") > 15).num_rows == 4
+    assert dataset.to_table(filter=pc.field("zone") == "z1").num_rows == 2 + 2
 
 
 def test_a_stream_of_two_days_is_written_by_delta_rs(tmp_path: Path) -> None:
@@ -208,6 +254,10 @@ def test_streamed_writers_of_a_new_day_leave_one_batch(tmp_path: Path) -> None:
         [added] = day_files(root, SECOND)
         assert "part-idem-" in added["path"]
         assert not unnamed(root), "a file no commit added stayed behind"
+        # Every version stays readable: a file one commit added and the next removed is kept.
+        latest = DeltaTable(str(root / "main" / "trips")).version()
+        for version in range(latest + 1):
+            DeltaTable(str(root / "main" / "trips"), version=version).to_pyarrow_table()
         seen[" + ".join(sorted(o[0] for o in outcomes))] += 1
     REPORT.append(f"staged Delta files, writers of a new day: {RACES} races: {dict(seen)}")
 

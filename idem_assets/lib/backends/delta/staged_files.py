@@ -6,7 +6,8 @@ exactly the table's columns and types (nothing to fit), DuckDB reads it once int
 file in the table's folder, named by no version of its log, so no reader sees it. The guards
 read that file, and the commit adds it (``DeltaTable.create_write_transaction``) in place of
 the window's days. A refused or failed publish removes the file; one killed midway leaves a
-file the log never names, which Delta's VACUUM removes.
+file the log never names, which a full VACUUM removes (``DeltaTable.vacuum(full=True)``: the
+default one only removes files a version once named).
 
 Only a table this library lays out (partitioned by the day alone), on a local file system, with
 no writer feature this commit would have to honour (constraints, NOT NULL columns, generated
@@ -15,6 +16,7 @@ any other publish is staged apart and written by delta-rs, as before.
 """
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable, Sequence
@@ -149,26 +151,31 @@ class StagedFiles(Spilled):
         #: then only read, and delta-rs writes the rows.
         self.day: date | None = None
         self.created: Path | None = None
-        #: Set before a commit that may add the file: dropping it then asks the log first.
-        self.committing = False
+        #: The version the first commit that may add the file read, set before it commits:
+        #: dropping the file then asks every later version of the log first.
+        self.committing: int | None = None
+        #: Set once a commit added the file: a version names it, whatever replaces it later.
+        self.committed = False
 
     def add_action(self, folder: Path, indexed: int) -> AddAction:
         """The file as the commit adds it: its day, size and Delta statistics."""
         assert self.day is not None
         stat = self.path.stat()
+        stats = delta_statistics(self.copy, self.schema, indexed)
         return AddAction(
             path=self.path.relative_to(folder).as_posix(),
             size=stat.st_size,
             partition_values={DAY_COLUMN: self.day.isoformat()},
             modification_time=int(stat.st_mtime * 1000),
             data_change=True,
-            stats=json.dumps(delta_statistics(self.copy, self.schema, indexed)),
+            stats=None if stats is None else json.dumps(stats),  # type: ignore[arg-type]
         )
 
     def drop(self) -> None:
         """Drop the view, and the file unless a commit made it the table's."""
         self._drop_rows()
-        if self.committing and self._in_log():
+        if self.committed or (self.committing is not None and self._named_since()):
+            # Removed by a later commit or not, a version reads it: VACUUM's to remove.
             return
         self.path.unlink(missing_ok=True)
         if self.created is not None:
@@ -181,10 +188,19 @@ class StagedFiles(Spilled):
         with self.area.cursor() as cursor:
             cursor.execute(f"DROP VIEW IF EXISTS {self.relation}").fetchall()
 
-    def _in_log(self) -> bool:
-        """Whether the table's latest version names the file."""
+    def _named_since(self) -> bool:
+        """Whether any commit after the version the first try read names the file.
+
+        For a commit that raised after it may have landed (a hook after it, a lost answer).
+        """
+        assert self.committing is not None
+        log = Path(self.uri.removeprefix("file://")) / "_delta_log"
         name = self.path.name
-        return any(Path(p).name == name for p in DeltaTable(self.uri).file_uris())
+        return any(
+            name in entry.read_text()
+            for entry in log.glob("*.json")
+            if entry.stem.isdigit() and int(entry.stem) > self.committing
+        )
 
 
 def stage_files(
@@ -232,14 +248,27 @@ def _move_into_day(staged: StagedFiles, folder: Path) -> None:
     """Move the file into its day's folder, where delta-rs keeps that day's files."""
     assert staged.day is not None
     day_folder = folder / f"{DAY_COLUMN}={staged.day.isoformat()}"
-    try:
-        day_folder.mkdir()
-        staged.created = day_folder
-    except FileExistsError:
-        pass
     target = day_folder / f"part-idem-{staged.path.stem.removeprefix('idem-staged-')}.parquet"
-    os.replace(staged.path, target)
-    staged.path = target
+    for _ in range(_MOVE_TRIES):
+        try:
+            day_folder.mkdir()
+            staged.created = day_folder
+        except FileExistsError:
+            pass
+        try:
+            os.replace(staged.path, target)
+        except FileNotFoundError:
+            # A refused writer of the same day removed the empty folder it had made.
+            if not staged.path.exists():
+                raise
+            continue
+        staged.path = target
+        return
+    raise RuntimeError(f"the folder {day_folder} kept disappearing while the batch moved in")
+
+
+#: Moves into a day's folder another writer may remove, empty, at the same time.
+_MOVE_TRIES = 10
 
 
 def _one_day(copy: ParquetCopy, kind: pa.DataType, column: str) -> date | None:
@@ -267,31 +296,56 @@ def _value(text: str, kind: pa.DataType) -> Any:
     return int(text)
 
 
-def delta_statistics(copy: ParquetCopy, schema: pa.Schema, indexed: int) -> dict[str, Any]:
+def delta_statistics(copy: ParquetCopy, schema: pa.Schema, indexed: int) -> dict[str, Any] | None:
     """The file's statistics as delta-rs records them, for the first ``indexed`` columns.
 
-    Minimum and maximum only where they compare exactly as every reader compares them
-    (integers, dates, timestamps truncated to milliseconds, as delta-rs truncates them); text
-    and floating point are left out, which only means no file is skipped by them.
+    Every such column's NULL count, and its extremes unless it holds only NULLs: Arrow's view
+    of a Delta table turns a missing extreme into a filter no row passes, so a reader that
+    filters on that column would skip the file. ``None`` (no statistics: readers read the
+    file) where an extreme cannot be given exactly: text DuckDB truncated, NaN or an infinity,
+    a date or time ISO 8601 cannot spell.
     """
     lows: dict[str, Any] = {}
     highs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     for f in list(schema)[:indexed]:
         found = copy.statistics.get(f.name, {})
-        if "null_count" in found:
-            nulls[f.name] = int(found["null_count"])
-        if "min" not in found or "max" not in found:
+        if "null_count" not in found:
+            return None
+        nulls[f.name] = int(found["null_count"])
+        if nulls[f.name] == copy.rows:
             continue
-        if pa.types.is_integer(f.type):
-            lows[f.name], highs[f.name] = int(found["min"]), int(found["max"])
-        elif pa.types.is_date32(f.type):
-            lows[f.name], highs[f.name] = found["min"], found["max"]
-        elif pa.types.is_timestamp(f.type):
-            lows[f.name], highs[f.name] = (
-                _delta_timestamp(datetime.fromisoformat(found[k])) for k in ("min", "max")
-            )
+        try:
+            extremes = [_extreme(found, k, f.type) for k in ("min", "max")]
+        except (KeyError, ValueError, OverflowError):
+            return None
+        if any(e is None for e in extremes):
+            return None
+        lows[f.name], highs[f.name] = extremes
     return {"numRecords": copy.rows, "minValues": lows, "maxValues": highs, "nullCount": nulls}
+
+
+def _extreme(found: dict[str, str], which: str, kind: pa.DataType) -> Any:
+    """DuckDB's ``min`` or ``max`` as Delta records it; ``None`` where it is not exact."""
+    text = found[which]
+    if found.get(f"{which}_is_exact", "true") != "true":
+        return None
+    if pa.types.is_integer(kind):
+        return int(text)
+    if pa.types.is_boolean(kind):
+        return {"true": True, "false": False}[text]
+    if pa.types.is_floating(kind):
+        if found.get("has_nan") != "false":
+            return None
+        value = pa.scalar(float(text), kind).as_py()  # a float32 as the double it is
+        return value if math.isfinite(value) else None
+    if pa.types.is_date32(kind):
+        return date.fromisoformat(text).isoformat()
+    if pa.types.is_timestamp(kind):
+        return _delta_timestamp(datetime.fromisoformat(text))
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return text
+    return None
 
 
 def _delta_timestamp(value: datetime) -> str:
@@ -325,7 +379,8 @@ def add(
     """
     action = staged.add_action(folder, indexed_columns(table))
     names = [d.isoformat() for d in days]
-    staged.committing = True
+    if staged.committing is None:
+        staged.committing = table.version()
     for _ in range(_COMMIT_TRIES):
         try:
             table.create_write_transaction(
@@ -345,8 +400,15 @@ def add(
                 ) from exc
             table = latest
             continue
+        staged.committed = True
         return table.version() + 1
     raise CommitConflict(f"{_COMMIT_TRIES} commits of other days landed before this one")
+
+
+def _kept(table: DeltaTable) -> tuple[Any, ...]:
+    """How the table is kept: its id, name (the owner), description, layout and settings."""
+    meta = table.metadata()
+    return (meta.id, meta.name, meta.description, meta.partition_columns, meta.configuration)
 
 
 #: Commits of other writers this one may follow, each leaving its days as they were.
@@ -358,8 +420,7 @@ def _changed(before: DeltaTable, after: DeltaTable, days: list[str]) -> bool:
     filters = [(DAY_COLUMN, "in", days)]
     return (
         before.schema().to_json() != after.schema().to_json()
-        or before.metadata().configuration != after.metadata().configuration
-        or before.metadata().partition_columns != after.metadata().partition_columns
+        or _kept(before) != _kept(after)
         or before.protocol() != after.protocol()
         or sorted(before.file_uris(filters)) != sorted(after.file_uris(filters))
     )
