@@ -514,11 +514,7 @@ def insert(
     """
     counted = _Counted(stream, progress)
     with _read_once(stream, conn, counted) as sources:
-        if stream.parquet is not None:
-            source, params = "read_parquet(?)", [stream.parquet]
-        else:
-            reader = pa.RecordBatchReader.from_batches(stream.schema, counted.batches())
-            source, params = _registered(conn, reader, sources), []
+        source, params = _source(stream, conn, counted, sources)
         done = conn.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {source}", params)
         rows = int(done.fetchall()[0][0])
     return rows, counted.elapsed()
@@ -545,11 +541,7 @@ def copy_to_parquet(
     """
     counted = _Counted(stream, progress)
     with _read_once(stream, conn, counted) as sources:
-        if stream.parquet is not None:
-            source, params = "read_parquet(?)", [stream.parquet]
-        else:
-            reader = pa.RecordBatchReader.from_batches(stream.schema, counted.batches())
-            source, params = _registered(conn, reader, sources), []
+        source, params = _source(stream, conn, counted, sources)
         done = conn.execute(
             f"COPY (SELECT * FROM {source}) TO ? (FORMAT parquet, COMPRESSION snappy,"
             " RETURN_STATS)",
@@ -564,6 +556,16 @@ def copy_to_parquet(
     return ParquetCopy(
         int(found["count"]), int(found["file_size_bytes"]), counted.elapsed(), statistics
     )
+
+
+def _source(
+    stream: Stream, conn: duckdb.DuckDBPyConnection, counted: "_Counted", sources: list[str]
+) -> tuple[str, list[Any]]:
+    """Where DuckDB reads ``stream`` from once (its Parquet file, or its counted batches)."""
+    if stream.parquet is not None:
+        return "read_parquet(?)", [stream.parquet]
+    reader = pa.RecordBatchReader.from_batches(stream.schema, counted.batches())
+    return _registered(conn, reader, sources), []
 
 
 @contextlib.contextmanager
