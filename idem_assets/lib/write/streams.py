@@ -522,10 +522,9 @@ def insert(
 
 @dataclass(frozen=True)
 class ParquetCopy:
-    """A stream read once into one Parquet file: its rows, bytes, seconds and statistics."""
+    """A stream read once into one Parquet file: its rows, seconds and statistics."""
 
     rows: int
-    size: int
     seconds: float
     #: Per column (by its plain name): DuckDB's ``min``, ``max`` and ``null_count``, as text.
     statistics: dict[str, dict[str, str]]
@@ -553,9 +552,7 @@ def copy_to_parquet(
         name.strip('"').replace('""', '"'): dict(values)
         for name, values in (found["column_statistics"] or {}).items()
     }
-    return ParquetCopy(
-        int(found["count"]), int(found["file_size_bytes"]), counted.elapsed(), statistics
-    )
+    return ParquetCopy(int(found["count"]), counted.elapsed(), statistics)
 
 
 def _source(

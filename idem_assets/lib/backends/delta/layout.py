@@ -71,7 +71,8 @@ def category_literal(value: object) -> str:
     raise TypeError(f"no Delta literal for the category value {value!r}")
 
 
-def _day(value: Bound) -> date:
+def utc_day(value: Bound) -> date:
+    """The date of ``value``: an aware time's UTC date, a naive time's own, a date itself."""
     if isinstance(value, datetime):
         return (value.astimezone(UTC) if value.tzinfo else value).date()
     return value
@@ -80,7 +81,7 @@ def _day(value: Bound) -> date:
 def day_span(start: Bound, end: Bound) -> tuple[date, date]:
     """The half-open range of :data:`DAY_COLUMN` values a span's rows can have."""
     last = end - timedelta(microseconds=1) if isinstance(end, datetime) else end - timedelta(1)
-    return _day(start), _day(last) + timedelta(days=1)
+    return utc_day(start), utc_day(last) + timedelta(days=1)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
 from idem_assets.lib.backends.delta.errors import plain as plain_error
-from idem_assets.lib.backends.delta.layout import DAY_COLUMN, day_span
+from idem_assets.lib.backends.delta.layout import DAY_COLUMN, day_span, utc_day
 from idem_assets.lib.model.identifiers import quote
 from idem_assets.lib.model.settings import WriteSettings
 from idem_assets.lib.model.windows import Region
@@ -104,10 +104,10 @@ def fits(table: DeltaTable, settings: WriteSettings, schema: pa.Schema) -> bool:
         return False
     if config.get("delta.columnMapping.mode", "none") != "none":
         return False
-    fields = table.schema().fields
-    if any(not f.nullable or f.metadata for f in fields):
+    schema_now = table.schema()
+    if any(not f.nullable or f.metadata for f in schema_now.fields):
         return False
-    stored = pa.schema(table.schema().to_arrow())  # type: ignore[arg-type]
+    stored = pa.schema(schema_now.to_arrow())  # type: ignore[arg-type]
     stored = pa.schema([f for f in stored if f.name != DAY_COLUMN])
     batch = plain(schema)
     if stored.names != batch.names or settings.time_column not in batch.names:
@@ -264,7 +264,11 @@ def _move_into_day(staged: StagedFiles, folder: Path) -> None:
             continue
         staged.path = target
         return
-    raise RuntimeError(f"the folder {day_folder} kept disappearing while the batch moved in")
+    raise RuntimeError(
+        f"The folder {day_folder} was removed {_MOVE_TRIES} times while a streamed batch moved"
+        " into it (other writers of the day, refused, removing the folder they made). Nothing"
+        " was committed. Fix: rerun the partition once those writers are done."
+    )
 
 
 #: Moves into a day's folder another writer may remove, empty, at the same time.
@@ -277,14 +281,8 @@ def _one_day(copy: ParquetCopy, kind: pa.DataType, column: str) -> date | None:
     if copy.rows == 0 or found.get("null_count") != "0" or "min" not in found:
         return None
     low, high = (_value(found[k], kind) for k in ("min", "max"))
-    days = {_utc_date(v) for v in (low, high)}
+    days = {utc_day(v) for v in (low, high)}
     return days.pop() if len(days) == 1 else None
-
-
-def _utc_date(value: Any) -> date:
-    if isinstance(value, datetime):
-        return (value.astimezone(UTC) if value.tzinfo else value).date()
-    return value
 
 
 def _value(text: str, kind: pa.DataType) -> Any:
@@ -393,7 +391,9 @@ def add(
             )
         except CommitFailedError as exc:
             latest = DeltaTable(table.table_uri)
-            if latest.version() == table.version() or _changed(table, latest, names):
+            if latest.version() == table.version():
+                raise  # Not lost to another writer: the backend names the error.
+            if _changed(table, latest, names):
                 raise CommitConflict(
                     f"another writer committed version {latest.version()} of the table, which"
                     f" changes the days {names} or its schema ({plain_error(exc)})"
