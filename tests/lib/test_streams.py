@@ -704,6 +704,27 @@ def test_a_streamed_day_over_its_table_is_written_once_into_it(tmp_path: Path) -
         assert (_spill_files(), _attached(conn)) == ([], [])
 
 
+def test_a_day_staged_in_its_table_holds_half_the_limit_and_gives_it_back(tmp_path: Path) -> None:
+    """Its rows are on disk as they go in: DuckDB may cache half the limit of them, not all."""
+    write = settings("overwrite", MD)
+
+    def limit(conn: duckdb.DuckDBPyConnection) -> str:
+        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        default = limit(conn)
+        ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        seen: list[str] = []
+        hook = lambda stage: seen.append(limit(conn))  # noqa: E731
+        said = _staged(conn, stream(day_us(DAYS[1], 700)), write, DAYS[1], on_stage=hook)
+        assert "itself" in said and set(seen) == {"122.0 MiB"}, (said, seen)
+        assert limit(conn) == default
+        with pytest.raises(ia.StrayRowsError):
+            ia.publish(conn, stream(day_us(DAYS[2])), write, window(DAYS[1]), now=NOW)
+        assert limit(conn) == default
+        assert rows(conn) == frame_rows(trips(DAYS[1], 700))
+
+
 @pytest.mark.parametrize("delete_missing", [True, False])
 def test_a_streamed_merge_in_its_table_updates_inserts_and_deletes_stale_rows(
     tmp_path: Path, delete_missing: bool

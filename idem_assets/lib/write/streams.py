@@ -935,6 +935,11 @@ def _size(text: str) -> str:
     return text.strip()
 
 
+def half(memory: str) -> str:
+    """Half of the memory size ``memory``, in bytes, never under the 16MB a limit needs."""
+    return f"{max(_bytes(_size(memory)) // 2, 16 * 10**6):.0f}B"
+
+
 def probe(staged: Spilled) -> pa.Table:
     """The values the checks before staging read, picked out of the staged table by DuckDB.
 
