@@ -28,9 +28,10 @@ test: $(STAMP) browser-deps postgres-deps java-deps
 # the tests marked full (the UI's first backfill of every partition, the printed bad-input
 # command, daemon tests whose story make test proves through another test); 15 days of
 # one-run-per-day backfills and 31 in parallel; Spark's 24 driver kills and
-# the whole conformance suite on Spark.
+# the whole conformance suite on Spark; 10 races and 30 kills a day of Delta's staged files.
 test-full: $(STAMP) browser-deps postgres-deps java-deps
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/reliability -q -p no:cacheprovider
+	IDEM_FULL=1 $(BIN)/python -m pytest tests/delta/test_staged_files.py -q -p no:cacheprovider
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/iceberg tests/conformance -q -p no:cacheprovider -k iceberg -m "not full"
 	IDEM_FULL=1 $(BIN)/python -m pytest tests/spark tests/conformance -q -p no:cacheprovider -k spark -m "not full"
 	IDEM_FULL=1 $(BIN)/python -m pytest -m full -q -p no:cacheprovider

@@ -1,8 +1,15 @@
 """A streamed overwrite of a day is staged as the table's own data file and committed as it is."""
 
+import contextlib
 import json
 import multiprocessing.connection
+import os
+import random
+import shutil
+import signal
+import time
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -16,8 +23,9 @@ from deltalake import DeltaTable
 import idem_assets as ia
 from idem_assets.lib.backends.delta.backend import DeltaBackend
 from tests.conformance.race_workers import publish_at_barrier
+from tests.delta.kill_worker import publish_until_killed
 from tests.helpers import NOW, settings, window
-from tests.reliability.support import REPORT, count
+from tests.reliability.support import REPORT, SEED, count
 from tests.reliability.workers import context, write_batch
 
 TRIPS: dict[str, Any] = {"partition_expr": "pickup_at"}
@@ -27,10 +35,10 @@ RACES = count(2, 10)
 WAIT_S = 120.0
 
 
-def trips(day: str, ids: range, tz: str | None = None) -> pa.Table:
-    """Trips ``ids`` picked up a minute and a few microseconds apart on ``day``."""
+def trips(day: str, ids: range, tz: str | None = None, apart: float = 60) -> pa.Table:
+    """Trips ``ids`` picked up ``apart`` seconds and a few microseconds apart on ``day``."""
     start = datetime.fromisoformat(day).replace(tzinfo=UTC if tz else None)
-    times = [start + timedelta(minutes=i, microseconds=7 * i + 1) for i in range(len(ids))]
+    times = [start + timedelta(seconds=apart * i, microseconds=7 * i + 1) for i in range(len(ids))]
     return pa.table(
         {
             "trip_id": pa.array(list(ids), pa.int64()),
@@ -274,3 +282,118 @@ def test_streamed_writers_of_two_days_both_commit(tmp_path: Path) -> None:
         assert len(day_files(root, SECOND)) == len(day_files(root, THIRD)) == 1
     history = DeltaTable(str(tmp_path / "lake0" / "main" / "trips")).history()
     assert json.dumps(history[0]["operationParameters"]).count("Overwrite") == 1
+
+
+#: Kills per kind of day; make test-full kills more.
+KILLS = count(5, 30)
+
+
+@dataclass
+class Killed:
+    """A publishing child and the steps it reported."""
+
+    process: Any
+    reader: Any
+    steps: list[str] = field(default_factory=list)
+
+    def wait_for(self, step: str | None, timeout: float) -> bool:
+        """Collect steps until ``step`` arrives (``None``: until ``timeout``); False if not."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0 and self.reader.poll(remaining):
+            try:
+                self.steps.append(self.reader.recv_bytes().decode())
+            except EOFError:
+                return False
+            if step is not None and self.steps[-1] == step:
+                return True
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL the child, then collect what it reported before it died."""
+        if self.process.is_alive():
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join(30)
+        with contextlib.suppress(EOFError):
+            while self.reader.poll(0):
+                self.steps.append(self.reader.recv_bytes().decode())
+        self.reader.close()
+
+
+def start_killable(root: Path, batch_path: Path, day: str) -> Killed:
+    ctx = context()
+    reader, writer = ctx.Pipe(duplex=False)
+    process = ctx.Process(
+        target=publish_until_killed, args=(str(root), str(batch_path), day, writer), daemon=True
+    )
+    process.start()
+    writer.close()
+    child = Killed(process, reader)
+    assert child.wait_for("start", 60), f"the child never started: {child.steps}"
+    return child
+
+
+@pytest.mark.parametrize("day", [SECOND, THIRD], ids=["day-with-files", "new-day"])
+def test_a_publish_killed_at_random_points_leaves_the_day_old_or_new(
+    tmp_path: Path, day: str
+) -> None:
+    """SIGKILL while the file is written, judged or committed: the day is its old or new rows.
+
+    Every version stays readable, a rerun publishes normally, and a full vacuum removes the
+    file a killed publish left outside the log (docs/delta.md).
+    """
+    template = tmp_path / "template"
+    publish(template, trips(FIRST, range(0, 100)), FIRST)
+    publish(template, trips(SECOND, range(100, 1100)), SECOND)
+    old = {d: rows(template, d) for d in (FIRST, SECOND, THIRD)}
+    batch = trips(day, range(5000, 305_000), apart=0.25)
+    batch_path = tmp_path / "batch.arrow"
+    write_batch(str(batch_path), batch)
+    new = sorted(zip(*batch.to_pydict().values(), strict=True))
+    root = tmp_path / "lake"
+
+    # Calibrate: how long the publish takes here, and the steps it reports.
+    shutil.copytree(template, root)
+    child = start_killable(root, batch_path, day)
+    began = time.monotonic()
+    assert child.wait_for("returned", 120), child.steps
+    publish_s = time.monotonic() - began
+    child.kill()
+    points = [s for s in child.steps if s not in ("start", "returned")]
+    assert {"staged", "guards_passed", "before_commit"} <= set(points), points
+    assert rows(root, day) == new
+
+    rng = random.Random(f"{SEED}/delta-staged/{day}")
+    seen: Counter[str] = Counter()
+    for trial in range(KILLS):
+        shutil.rmtree(root)
+        shutil.copytree(template, root)
+        child = start_killable(root, batch_path, day)
+        if rng.random() < 0.5:
+            delay = rng.uniform(0, 1.1) * publish_s
+            how = f"{delay * 1000:.0f} ms after start"
+            child.wait_for(None, delay)
+        else:
+            point = rng.choice(points)
+            delay = rng.uniform(0, 0.2) * publish_s
+            how = f"{delay * 1000:.0f} ms after {point}"
+            assert child.wait_for(point, 120), f"never reached {point}: {child.steps}"
+            time.sleep(delay)
+        child.kill()
+        replay = f"[trial {trial}, kill {how}, last step {child.steps[-1]}, IDEM_SEED={SEED}]"
+        stored = rows(root, day)
+        assert stored in (old[day], new), f"{len(stored)} rows of {day} {replay}"
+        if "returned" in child.steps or "committed" in child.steps:
+            assert stored == new, f"the commit was lost {replay}"
+        others = [d for d in (FIRST, SECOND, THIRD) if d != day]
+        assert {d: rows(root, d) for d in others} == {d: old[d] for d in others}, replay
+        table = DeltaTable(str(root / "main" / "trips"))
+        for version in range(table.version() + 1):
+            DeltaTable(str(root / "main" / "trips"), version=version).to_pyarrow_table()
+        seen["new" if stored == new and stored != old[day] else "old"] += 1
+
+        # What the kill left outside the log goes with a full vacuum (here past no retention).
+        table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False, full=True)
+        assert not unnamed(root), f"a file no version names survived the vacuum {replay}"
+        publish(root, batch.to_reader(max_chunksize=10_000), day)
+        assert rows(root, day) == new and len(day_files(root, day)) == 1, replay
+    REPORT.append(f"staged Delta files, {KILLS} kills of a {day} publish: {dict(seen)}")
