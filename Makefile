@@ -23,7 +23,7 @@ demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 test: $(STAMP) browser-deps postgres-deps java-deps
 	bash scripts/run_tests.sh
 
-# The reliability suite at full counts: 250 SIGKILLs, 1,000-publish soak, more examples; the
+# The reliability suite at full counts: 350 SIGKILLs, 1,000-publish soak, more examples; the
 # Iceberg kills (20 per catalog), its races and whole conformance run on the PostgreSQL catalog;
 # the tests marked full (the UI's first backfill of every partition, the printed bad-input
 # command, daemon tests whose story make test proves through another test); 15 days of

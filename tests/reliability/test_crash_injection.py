@@ -55,6 +55,13 @@ class Scenario:
     table: str = TABLE
     metadata: dict[str, Any] = field(default_factory=lambda: dict(METADATA))
     duplicates: int = 0
+    #: Sent as a RecordBatchReader: inserted into its table inside the transaction.
+    streamed: bool = False
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The steps a kill may follow."""
+        return ("staged in its table", *STAGES) if self.streamed else STAGES
 
 
 SCENARIOS = {
@@ -70,6 +77,9 @@ SCENARIOS = {
     ),
     # The first write of a table: CREATE TABLE is inside the transaction too.
     "create-chunk": Scenario("overwrite", tuple(days("2026-01-05", 3)), table="fresh_trips"),
+    # A stream over an existing table goes into the table itself, then the guards judge it.
+    "overwrite-streamed": Scenario("overwrite", ("2026-01-03",), streamed=True),
+    "merge-streamed": Scenario("merge", ("2026-01-04",), streamed=True),
 }
 
 #: Kills per outcome, over every scenario of the session, for the report.
@@ -172,6 +182,7 @@ def start(db: Path, batch: Path, scenario: Scenario, checkpoint_threshold: str) 
             scenario.table,
             checkpoint_threshold,
             writer,
+            scenario.streamed,
         ),
         daemon=True,
     )
@@ -236,6 +247,7 @@ def test_sigkill_at_random_moments_leaves_each_partition_old_or_new(
         to_close.append(time.monotonic() - began)
         child.kill()
         assert state(db) == new
+        assert set(scenario.stages) <= set(child.steps), child.steps
     commit_s, close_s = statistics.median(to_commit), statistics.median(to_close)
 
     rng = random.Random(f"{SEED}/{name}")
@@ -249,7 +261,7 @@ def test_sigkill_at_random_moments_leaves_each_partition_old_or_new(
             delay = fraction * close_s
             how = f"{delay * 1000:.1f} ms ({fraction:.2f} x publish and close) after start"
         else:
-            stage = rng.choice(STAGES)
+            stage = rng.choice(scenario.stages)
             delay = rng.uniform(0, 0.3) * commit_s
             how = f"{delay * 1000:.1f} ms after {stage}"
         child = start(db, batch_path, scenario, threshold)

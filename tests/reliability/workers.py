@@ -60,24 +60,34 @@ def publish_until_killed(
     table: str,
     checkpoint_threshold: str,
     report: multiprocessing.connection.Connection,
+    streamed: bool = False,
 ) -> None:
     """Publish one batch, reporting every step on ``report``, then wait to be killed.
 
     The messages are ``start``, the four ``on_stage`` points, ``committed`` when publish()
     returned, and ``closed`` after close() (which checkpoints the WAL into the file).
+    ``streamed``: the batch goes as a RecordBatchReader, and ``staged in its table`` (or
+    ``staged apart``) says where it was staged.
     """
     batch = read_batch(batch_path)
     write_settings = settings(mode, metadata, table=table)
     write_window = window(*keys)
     report.send_bytes(b"start")
+
+    def progress(message: str) -> None:
+        if message.startswith("Staged "):
+            where = "in its table" if message.endswith(" itself).") else "apart"
+            report.send_bytes(f"staged {where}".encode())
+
     conn = duckdb.connect(db, config={"checkpoint_threshold": checkpoint_threshold})
     ia.publish(
         conn,
-        batch,
+        batch.to_reader(max_chunksize=2_000) if streamed else batch,
         write_settings,
         write_window,
         now=NOW,
         on_stage=lambda stage: report.send_bytes(stage.encode()),
+        progress=progress,
     )
     report.send_bytes(b"committed")
     conn.close()
