@@ -284,6 +284,48 @@ def test_the_target_database_keeps_its_own_memory_limit(tmp_path: Path) -> None:
         assert limit(conn) == shown
 
 
+@pytest.mark.parametrize("size", ["1000000000", "1PB", "1 PiB", "1IB"])
+def test_a_size_duckdb_would_refuse_is_refused_before_the_limit_moves(size: str) -> None:
+    """DuckDB takes no bare number nor peta-units: refused first, the next publish unharmed."""
+    from idem_assets.lib.write.streams import _LIMITS
+
+    write = settings("overwrite", MD)
+    with duckdb.connect() as conn:
+        conn.execute("SET memory_limit = '3GB'")
+        shown = conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        with pytest.raises(ia.ConfigurationError, match=r"a unit \(B, KB, MB, GB, TB, KiB"):
+            ia.publish(conn, stream(day_us(DAYS[1])), write, window(DAYS[1]), now=NOW, memory=size)
+        assert conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == shown
+        assert not _LIMITS
+        ia.publish(conn, stream(day_us(DAYS[1])), write, window(DAYS[1]), now=NOW)
+        assert rows(conn) == frame_rows(trips(DAYS[1]))
+
+
+def test_a_limit_duckdb_cannot_take_changes_nothing_and_says_the_fix() -> None:
+    """A database in memory with no temporary directory cannot shrink below what it holds."""
+    from idem_assets.lib.write.streams import _LIMITS
+
+    write = settings("overwrite", MD)
+    with duckdb.connect() as conn:
+        conn.execute("SET temp_directory = ''")
+        ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        conn.execute("CREATE TABLE ballast AS SELECT range::VARCHAR AS v FROM range(3000000)")
+        conn.execute("SET memory_limit = '3GB'")
+        shown = conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        with pytest.raises(duckdb.OutOfMemoryException) as raised:
+            ia.publish(
+                conn, stream(day_us(DAYS[1], 700)), write, window(DAYS[1]), now=NOW, memory="32MB"
+            )
+        notes = " ".join(raised.value.__notes__)
+        assert "Nothing was staged or changed. Fix: raise staging_memory" in notes
+        assert conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == shown
+        assert not _LIMITS and rows(conn) == frame_rows(trips(DAYS[1]))
+        # The fix as printed: a staging_memory above what the database holds.
+        again = stream(day_us(DAYS[1], 700))
+        ia.publish(conn, again, write, window(DAYS[1]), now=NOW, memory="1GB")
+        assert rows(conn) == frame_rows(trips(DAYS[1], 700))
+
+
 #: A child measures one publish's peak memory: ``python -m tests.lib.stream_memory <args>``.
 MEMORY_WORKER = "tests.lib.stream_memory"
 
@@ -723,6 +765,12 @@ def test_a_day_staged_in_its_table_holds_half_the_limit_and_gives_it_back(tmp_pa
             ia.publish(conn, stream(day_us(DAYS[2])), write, window(DAYS[1]), now=NOW)
         assert limit(conn) == default
         assert rows(conn) == frame_rows(trips(DAYS[1], 700))
+    # A database in memory keeps the whole limit: its table's blocks are not on any disk.
+    with duckdb.connect() as conn:
+        ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        seen.clear()
+        said = _staged(conn, stream(day_us(DAYS[1], 700)), write, DAYS[1], on_stage=hook)
+        assert "itself" in said and set(seen) == {"244.1 MiB"}, (said, seen)
 
 
 @pytest.mark.parametrize("delete_missing", [True, False])

@@ -817,22 +817,37 @@ def memory_limited(conn: duckdb.DuckDBPyConnection, memory: str) -> Iterator[Non
             _run(conn, "RESET memory_limit")
             held = _LIMITS[key] = _Limit(before, _shown(conn) == before)
         held.asked.append(asked)
-        _run(conn, f"SET memory_limit = '{max(held.asked, key=_bytes)}'")
+        try:
+            _run(conn, f"SET memory_limit = '{max(held.asked, key=_bytes)}'")
+        except duckdb.Error as exc:
+            _give_back(conn, key, held, asked)
+            exc.add_note(
+                f"DuckDB could not hold its database to staging_memory {asked!r}: it holds more"
+                " than that it cannot write out (a database in memory without a"
+                " temp_directory, or a full one). Nothing was staged or changed. Fix: raise"
+                " staging_memory, or give DuckDB a temp_directory with room."
+            )
+            raise
     try:
         yield
     finally:
         with _LIMITS_LOCK:
-            held.asked.remove(asked)
-            # The publish's own error is the one to report: putting a limit back never hides it.
-            with contextlib.suppress(Exception):
-                if held.asked:
-                    _run(conn, f"SET memory_limit = '{max(held.asked, key=_bytes)}'")
-                elif held.default:
-                    _run(conn, "RESET memory_limit")
-                else:
-                    _run(conn, f"SET memory_limit = '{_midway(held.before)}'")
-            if not held.asked:
-                del _LIMITS[key]
+            _give_back(conn, key, held, asked)
+
+
+def _give_back(conn: duckdb.DuckDBPyConnection, key: str, held: "_Limit", asked: str) -> None:
+    """Drop one publish's ``asked`` from ``held``; the database's limit follows what is left."""
+    held.asked.remove(asked)
+    # The publish's own error is the one to report: putting a limit back never hides it.
+    with contextlib.suppress(Exception):
+        if held.asked:
+            _run(conn, f"SET memory_limit = '{max(held.asked, key=_bytes)}'")
+        elif held.default:
+            _run(conn, "RESET memory_limit")
+        else:
+            _run(conn, f"SET memory_limit = '{_midway(held.before)}'")
+    if not held.asked:
+        del _LIMITS[key]
 
 
 @contextlib.contextmanager
@@ -877,12 +892,16 @@ def _shown(conn: duckdb.DuckDBPyConnection) -> str:
 
 def _database(conn: duckdb.DuckDBPyConnection) -> str:
     """Which database ``conn`` is on: its file, or for one in memory the connection itself."""
+    return database_file(conn) or f"memory-{id(conn)}"
+
+
+def database_file(conn: duckdb.DuckDBPyConnection) -> str | None:
+    """The file of ``conn``'s current database; ``None`` for a database in memory."""
     with conn.cursor() as cursor:
         found = cursor.execute(
             "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
         ).fetchall()
-    path = found[0][0] if found else None
-    return path or f"memory-{id(conn)}"
+    return (found[0][0] if found else None) or None
 
 
 _UNITS = {
@@ -900,6 +919,8 @@ _UNITS = {
     "PIB": 2**50,
 }
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?I?B|BYTES)?\s*", re.IGNORECASE)
+#: A size DuckDB takes for a limit: it refuses a bare number and peta-units.
+_ASKED = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B|BYTES)\s*", re.IGNORECASE)
 
 
 def _bytes(text: str) -> float:
@@ -925,12 +946,12 @@ def _midway(shown: str) -> str:
 
 def _size(text: str) -> str:
     """A memory size as DuckDB spells one (``256MB``, ``1.5 GiB``); anything else is refused."""
-    if not _SIZE.fullmatch(text) or _bytes(text) < 16 * 10**6:
+    if not _ASKED.fullmatch(text) or _bytes(text) < 16 * 10**6:
         from idem_assets.lib.model.errors import ConfigurationError
 
         raise ConfigurationError(
             f"staging_memory {text!r} is not a memory size of at least 16MB. Fix: a number and"
-            " a unit, e.g. '256MB', '1GB' or '2GiB'."
+            " a unit (B, KB, MB, GB, TB, KiB, MiB, GiB or TiB), e.g. '256MB', '1GB' or '2GiB'."
         )
     return text.strip()
 

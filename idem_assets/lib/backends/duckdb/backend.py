@@ -52,6 +52,7 @@ from idem_assets.lib.write.streams import (
     SpillArea,
     Spilled,
     Stream,
+    database_file,
     half,
     insert,
     memory_lent,
@@ -469,9 +470,12 @@ def _cache_halved(conn: duckdb.DuckDBPyConnection, memory: str) -> Callable[[], 
     The stream goes into the table's own blocks on disk as it is read, and the guards and the
     write read them once each: DuckDB would keep them cached up to the whole limit, which makes
     a big day's publish take more memory than a small one's and none of it faster (a 20M-row
-    day: the same time, 130 MB less; docs/streaming.md). A quarter of it is slower.
+    day: the same time, 130 MB less; docs/streaming.md). A quarter of it is slower. A database
+    in memory keeps the whole limit: there the table's blocks are the memory itself.
     """
     held = contextlib.ExitStack()
+    if database_file(conn) is None:
+        return held.close
     held.enter_context(memory_lent(conn, memory, half(memory)))
     return held.close
 
