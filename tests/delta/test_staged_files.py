@@ -1,15 +1,11 @@
 """A streamed overwrite of a day is staged as the table's own data file and committed as it is."""
 
-import contextlib
 import json
 import multiprocessing.connection
-import os
 import random
 import shutil
-import signal
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -26,7 +22,7 @@ from tests.conformance.race_workers import publish_at_barrier
 from tests.delta.kill_worker import publish_until_killed
 from tests.helpers import NOW, settings, window
 from tests.reliability.support import REPORT, SEED, count
-from tests.reliability.workers import context, write_batch
+from tests.reliability.workers import Child, context, write_batch
 
 TRIPS: dict[str, Any] = {"partition_expr": "pickup_at"}
 FIRST, SECOND, THIRD = "2026-01-01", "2026-01-02", "2026-01-03"
@@ -288,38 +284,7 @@ def test_streamed_writers_of_two_days_both_commit(tmp_path: Path) -> None:
 KILLS = count(5, 30)
 
 
-@dataclass
-class Killed:
-    """A publishing child and the steps it reported."""
-
-    process: Any
-    reader: Any
-    steps: list[str] = field(default_factory=list)
-
-    def wait_for(self, step: str | None, timeout: float) -> bool:
-        """Collect steps until ``step`` arrives (``None``: until ``timeout``); False if not."""
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0 and self.reader.poll(remaining):
-            try:
-                self.steps.append(self.reader.recv_bytes().decode())
-            except EOFError:
-                return False
-            if step is not None and self.steps[-1] == step:
-                return True
-        return False
-
-    def kill(self) -> None:
-        """SIGKILL the child, then collect what it reported before it died."""
-        if self.process.is_alive():
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.join(30)
-        with contextlib.suppress(EOFError):
-            while self.reader.poll(0):
-                self.steps.append(self.reader.recv_bytes().decode())
-        self.reader.close()
-
-
-def start_killable(root: Path, batch_path: Path, day: str) -> Killed:
+def start_killable(root: Path, batch_path: Path, day: str) -> Child:
     ctx = context()
     reader, writer = ctx.Pipe(duplex=False)
     process = ctx.Process(
@@ -327,7 +292,7 @@ def start_killable(root: Path, batch_path: Path, day: str) -> Killed:
     )
     process.start()
     writer.close()
-    child = Killed(process, reader)
+    child = Child(process, reader)
     assert child.wait_for("start", 60), f"the child never started: {child.steps}"
     return child
 

@@ -38,7 +38,7 @@ from .support import (
     settings,
     window,
 )
-from .workers import context, publish_until_killed, read_batch, write_batch
+from .workers import Child, context, publish_until_killed, read_batch, write_batch
 
 ALL_DAYS = days("2026-01-01", 8)
 ROWS_PER_DAY = 20_000
@@ -131,41 +131,6 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
             conn, range_batch(ALL_DAYS, ROWS_PER_DAY), settings(), window(*ALL_DAYS), now=NOW
         )
     return db
-
-
-@dataclass
-class Child:
-    """A publishing child process and the steps it has reported so far."""
-
-    process: Any
-    reader: Any
-    steps: list[str] = field(default_factory=list)
-
-    def wait_for(self, step: str | None, timeout: float) -> bool:
-        """Collect steps until ``step`` arrives (``None``: until ``timeout``); False on timeout."""
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            if not self.reader.poll(remaining):
-                break
-            try:
-                self.steps.append(self.reader.recv_bytes().decode())
-            except EOFError:
-                return False
-            if step is not None and self.steps[-1] == step:
-                return True
-        return False
-
-    def kill(self) -> None:
-        """SIGKILL the child, then collect every step it reported before it died."""
-        if self.process.is_alive():
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.join(30)
-        try:
-            while self.reader.poll(0):
-                self.steps.append(self.reader.recv_bytes().decode())
-        except EOFError:
-            pass
-        self.reader.close()
 
 
 def start(db: Path, batch: Path, scenario: Scenario, checkpoint_threshold: str) -> Child:

@@ -6,9 +6,12 @@ starting one costs milliseconds, not the second or two it takes to import Dagste
 
 import multiprocessing
 import multiprocessing.connection
+import os
+import signal
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -37,6 +40,41 @@ def context() -> Any:
         # sys.path when it preloads, so this test package itself is imported by each child.
         _CONTEXT.set_forkserver_preload(["idem_assets", "dagster_duckdb", "pytest", *BACKENDS])
     return _CONTEXT
+
+
+@dataclass
+class Child:
+    """A publishing child process and the steps it has reported so far."""
+
+    process: Any
+    reader: Any
+    steps: list[str] = field(default_factory=list)
+
+    def wait_for(self, step: str | None, timeout: float) -> bool:
+        """Collect steps until ``step`` arrives (``None``: until ``timeout``); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            if not self.reader.poll(remaining):
+                break
+            try:
+                self.steps.append(self.reader.recv_bytes().decode())
+            except EOFError:
+                return False
+            if step is not None and self.steps[-1] == step:
+                return True
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL the child, then collect every step it reported before it died."""
+        if self.process.is_alive():
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join(30)
+        try:
+            while self.reader.poll(0):
+                self.steps.append(self.reader.recv_bytes().decode())
+        except EOFError:
+            pass
+        self.reader.close()
 
 
 def write_batch(path: str, batch: pa.Table) -> None:
