@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
@@ -771,6 +772,62 @@ def test_a_day_staged_in_its_table_holds_half_the_limit_and_gives_it_back(tmp_pa
         seen.clear()
         said = _staged(conn, stream(day_us(DAYS[1], 700)), write, DAYS[1], on_stage=hook)
         assert "itself" in said and set(seen) == {"244.1 MiB"}, (said, seen)
+
+
+def test_two_threads_staging_in_their_tables_leave_the_limit_as_it_was(tmp_path: Path) -> None:
+    """Two publishes of one database at once, both lending half of the same limit."""
+    from idem_assets.lib.write.streams import _LIMITS
+
+    tables = ["trips", "other"]
+
+    def limit(conn: duckdb.DuckDBPyConnection) -> str:
+        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
+        conn.execute("SET memory_limit = '3GB'")
+        shown = limit(conn)
+        for table in tables:
+            write = settings("overwrite", MD, table=table)
+            ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
+        both = threading.Barrier(2)
+        seen: list[str] = []
+        failed: list[BaseException] = []
+
+        def publish(table: str) -> None:
+            cursor = conn.cursor()
+
+            def meet(stage: str) -> None:
+                # Read while both stand at the same stage: neither has given its share back.
+                both.wait(30)
+                seen.append(limit(cursor))
+                both.wait(30)
+
+            try:
+                for n in (700, 800, 900):
+                    write = settings("overwrite", MD, table=table)
+                    ia.publish(
+                        cursor,
+                        stream(day_us(DAYS[1], n)),
+                        write,
+                        window(DAYS[1]),
+                        now=NOW,
+                        on_stage=meet,
+                    )
+            except BaseException as exc:
+                failed.append(exc)
+                both.abort()
+
+        threads = [threading.Thread(target=publish, args=(t,)) for t in tables]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not failed, failed
+        assert set(seen) == {"122.0 MiB"}, set(seen)
+        assert limit(conn) == shown and not _LIMITS
+        for table in tables:
+            stored = conn.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+            assert stored == 900
 
 
 @pytest.mark.parametrize("delete_missing", [True, False])
