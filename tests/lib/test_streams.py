@@ -265,12 +265,14 @@ def test_staging_memory_must_be_a_size(tmp_path: Path) -> None:
     )
 
 
+def limit(conn: duckdb.DuckDBPyConnection) -> str:
+    """The database's memory limit as DuckDB shows it."""
+    return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+
 def test_the_target_database_keeps_its_own_memory_limit(tmp_path: Path) -> None:
     """A streamed publish limits the target's DuckDB while it runs, then puts its limit back."""
     write = settings("overwrite", MD)
-
-    def limit(conn: duckdb.DuckDBPyConnection) -> str:
-        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
 
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         default = limit(conn)
@@ -293,10 +295,10 @@ def test_a_size_duckdb_would_refuse_is_refused_before_the_limit_moves(size: str)
     write = settings("overwrite", MD)
     with duckdb.connect() as conn:
         conn.execute("SET memory_limit = '3GB'")
-        shown = conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        shown = limit(conn)
         with pytest.raises(ia.ConfigurationError, match=r"a unit \(B, KB, MB, GB, TB, KiB"):
             ia.publish(conn, stream(day_us(DAYS[1])), write, window(DAYS[1]), now=NOW, memory=size)
-        assert conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == shown
+        assert limit(conn) == shown
         assert not _LIMITS
         ia.publish(conn, stream(day_us(DAYS[1])), write, window(DAYS[1]), now=NOW)
         assert rows(conn) == frame_rows(trips(DAYS[1]))
@@ -312,14 +314,14 @@ def test_a_limit_duckdb_cannot_take_changes_nothing_and_says_the_fix() -> None:
         ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
         conn.execute("CREATE TABLE ballast AS SELECT range::VARCHAR AS v FROM range(3000000)")
         conn.execute("SET memory_limit = '3GB'")
-        shown = conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        shown = limit(conn)
         with pytest.raises(duckdb.OutOfMemoryException) as raised:
             ia.publish(
                 conn, stream(day_us(DAYS[1], 700)), write, window(DAYS[1]), now=NOW, memory="32MB"
             )
         notes = " ".join(raised.value.__notes__)
         assert "Nothing was staged or changed. Fix: raise staging_memory" in notes
-        assert conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == shown
+        assert limit(conn) == shown
         assert not _LIMITS and rows(conn) == frame_rows(trips(DAYS[1]))
         # The fix as printed: a staging_memory above what the database holds.
         again = stream(day_us(DAYS[1], 700))
@@ -489,23 +491,20 @@ def test_memory_limits_of_overlapping_publishes_come_back_as_they_were() -> None
 
     conn = duckdb.connect()
 
-    def limit() -> str:
-        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-
-    default = limit()
+    default = limit(conn)
     first, second = memory_limited(conn, "64MB"), memory_limited(conn, "128MB")
     first.__enter__()
-    assert limit() == "61.0 MiB"
+    assert limit(conn) == "61.0 MiB"
     second.__enter__()
-    assert limit() == "122.0 MiB"
+    assert limit(conn) == "122.0 MiB"
     first.__exit__(None, None, None)
-    assert limit() == "122.0 MiB"
+    assert limit(conn) == "122.0 MiB"
     second.__exit__(None, None, None)
-    assert limit() == default
+    assert limit(conn) == default
     conn.execute("SET memory_limit = '-1'")
     with memory_limited(conn, "64MB"):
-        assert limit() == "61.0 MiB"
-    assert limit() == "16383.9 PiB"
+        assert limit(conn) == "61.0 MiB"
+    assert limit(conn) == "16383.9 PiB"
 
 
 def test_a_publish_lends_its_share_of_the_limit_and_takes_it_back() -> None:
@@ -514,23 +513,20 @@ def test_a_publish_lends_its_share_of_the_limit_and_takes_it_back() -> None:
 
     conn = duckdb.connect()
 
-    def limit() -> str:
-        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-
-    default = limit()
+    default = limit(conn)
     with memory_limited(conn, "256MB"):
         with memory_lent(conn, "256MB", "32MB"):
-            assert limit() == "30.5 MiB"
-        assert limit() == "244.1 MiB"
+            assert limit(conn) == "30.5 MiB"
+        assert limit(conn) == "244.1 MiB"
         with memory_limited(conn, "128MB"), memory_lent(conn, "256MB", "32MB"):
-            assert limit() == "122.0 MiB"
-        assert limit() == "244.1 MiB"
+            assert limit(conn) == "122.0 MiB"
+        assert limit(conn) == "244.1 MiB"
         # A share nobody asked for is not lent.
         with memory_lent(conn, "512MB", "32MB"):
-            assert limit() == "244.1 MiB"
+            assert limit(conn) == "244.1 MiB"
     with memory_lent(conn, "256MB", "32MB"):
-        assert limit() == default
-    assert limit() == default
+        assert limit(conn) == default
+    assert limit(conn) == default
 
 
 def test_categories_beyond_a_small_index_survive_the_staged_copy(tmp_path: Path) -> None:
@@ -751,9 +747,6 @@ def test_a_day_staged_in_its_table_holds_half_the_limit_and_gives_it_back(tmp_pa
     """Its rows are on disk as they go in: DuckDB may cache half the limit of them, not all."""
     write = settings("overwrite", MD)
 
-    def limit(conn: duckdb.DuckDBPyConnection) -> str:
-        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         default = limit(conn)
         ia.publish(conn, day_us(DAYS[1]), write, window(DAYS[1]), now=NOW)
@@ -779,9 +772,6 @@ def test_two_threads_staging_in_their_tables_leave_the_limit_as_it_was(tmp_path:
     from idem_assets.lib.write.streams import _LIMITS
 
     tables = ["trips", "other"]
-
-    def limit(conn: duckdb.DuckDBPyConnection) -> str:
-        return conn.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
 
     with duckdb.connect(str(tmp_path / "w.duckdb")) as conn:
         conn.execute("SET memory_limit = '3GB'")
