@@ -822,10 +822,10 @@ def memory_limited(conn: duckdb.DuckDBPyConnection, memory: str) -> Iterator[Non
         except duckdb.Error as exc:
             _give_back(conn, key, held, asked)
             exc.add_note(
-                f"DuckDB could not hold its database to staging_memory {asked!r}: it holds more"
-                " than that it cannot write out (a database in memory without a"
-                " temp_directory, or a full one). Nothing was staged or changed. Fix: raise"
-                " staging_memory, or give DuckDB a temp_directory with room."
+                f"DuckDB could not hold its database to staging_memory {asked!r}: the database"
+                " holds more than that and has nowhere to write it out (a database in memory"
+                " without a temp_directory, or a full one). Nothing was staged or changed. Fix:"
+                " raise staging_memory, or give DuckDB a temp_directory with room."
             )
             raise
     try:
