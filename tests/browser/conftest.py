@@ -14,6 +14,7 @@ from playwright.sync_api import Browser, Locator, Page, ViewportSize, expect, sy
 from playwright.sync_api import Error as PlaywrightError
 
 from idem_assets import landing
+from idem_assets.defs.partitions import DAILY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -89,6 +90,18 @@ class Screenshots:
             return
         DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         _save_small_png(source, DOCS_SCREENSHOTS / name)
+
+
+def show_every_partition(page: Page, dialog: Locator, shots: Screenshots) -> None:
+    """In a materialize dialog of the daily assets, ask for every day, not the last 90.
+
+    The dialog offers only the last 90 days of more and renders that offer a moment after
+    itself: whether to click is decided by the partitions, never by a look that may come early.
+    """
+    if len(DAILY.get_partition_keys()) > 90:
+        show_all = dialog.get_by_role("button", name="Show all partitions")
+        shots.expect_visible(page, show_all, "show all partitions")
+        show_all.click()
 
 
 def metadata_value(page: Page, label: str) -> Locator:

@@ -19,7 +19,7 @@ import idem_assets as ia
 from idem_assets import landing
 from idem_assets.defs.partitions import DAILY
 
-from .conftest import Screenshots, metadata_value
+from .conftest import Screenshots, metadata_value, show_every_partition
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -120,9 +120,7 @@ def test_a_chunk_shows_its_bad_day_red_and_its_failed_days_are_retried_from_the_
         page.get_by_role("button", name="Materialize…").first.click()
         dialog = page.get_by_role("dialog").filter(has_text="Launch runs to materialize raw_trips")
         shots.expect_visible(page, dialog, "materialize dialog")
-        show_all = dialog.get_by_role("button", name="Show all partitions")
-        if show_all.is_visible():
-            show_all.click()
+        show_every_partition(page, dialog, shots)
         dialog.get_by_role("button", name="Failed", exact=True).click()
         # The chunk was refused as a whole, so its three days are the failed ones; the two
         # published days are not selected.

@@ -16,7 +16,7 @@ from idem_assets import landing
 from idem_assets.defs.partitions import DAILY, GROUP
 from tests.defs.support import MadeDemo, run_dev_data
 
-from .conftest import REPO_ROOT, Screenshots
+from .conftest import REPO_ROOT, Screenshots, show_every_partition
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -108,10 +108,7 @@ def open_materialize_all(page: Page, url: str, partitions: str, shots: Screensho
     shots.expect_visible(page, dialog, "materialize dialog")
     selection = dialog.get_by_role("textbox")
     shots.expect_visible(page, selection, "partition selection")
-    # With more than 90 partitions the dialog offers only the last 90 days until asked for all.
-    show_all = dialog.get_by_role("button", name="Show all partitions")
-    if show_all.is_visible():
-        show_all.click()
+    show_every_partition(page, dialog, shots)
     selection.fill(partitions)
     selection.press("Enter")
     return dialog
@@ -330,10 +327,7 @@ def test_first_hour_ui_backfill_plots_and_the_readme_cli_backfill(
         # gave every day a file. (The last 90 alone would fail revenue_running_total, whose
         # earlier days' revenue was never loaded: its error names the days to load first.)
         dialog.get_by_role("button", name="All", exact=True).click()
-        if len(every_day) > 90:
-            show_all = dialog.get_by_text("Show all partitions", exact=True)
-            shots.expect_visible(page, show_all, "show all partitions")
-            show_all.click()
+        show_every_partition(page, dialog, shots)
         everything = f"{len(every_day)} partitions"
         shots.expect_visible(page, dialog.get_by_text(everything, exact=True), everything)
         dialog.get_by_role("button", name="Launch backfill").click()
